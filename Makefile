@@ -1,0 +1,28 @@
+# growpipe: every target sets up .venv on first use (and again when pyproject.toml changes).
+PYTHON ?= python3
+VENV   := .venv
+STAMP  := $(VENV)/.installed
+BIN    := $(VENV)/bin
+
+.PHONY: demo test lint clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e ".[dev]"
+	@touch $(STAMP)
+
+## demo: the main job on the embedded default (digits, a growable AL net, one growth step)
+demo: $(STAMP)
+	$(BIN)/growpipe train --config configs/demo.yaml --json-out runs/demo/result.json --save runs/demo/checkpoint
+
+## test: lint, then the whole test suite
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,152 @@
+"""The `growpipe` command: train, evaluate, data."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from growpipe.errors import GrowpipeError
+
+EPILOG = "Config: YAML validated field by field (see configs/); --set key=value overrides any field."
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", "-c", metavar="FILE", help="run config YAML (default: all defaults: digits, MLP, AL)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config field, e.g. --set method=scpl --set train.epochs=3 (repeatable)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for docs and tests)."""
+    parser = argparse.ArgumentParser(
+        prog="growpipe",
+        description="Train growable block-wise local-learning networks (AL, SCPL, DASCPL, BP baseline).",
+        epilog=EPILOG,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    tr = sub.add_parser("train", help="train (and grow) a network", epilog=EPILOG)
+    _add_config_args(tr)
+    tr.add_argument(
+        "--runtime",
+        choices=["local"],
+        default="local",
+        help="local: the single-process reference trainer (the oracle)",
+    )
+    tr.add_argument("--json-out", metavar="FILE", help="write the result JSON here")
+    tr.add_argument("--save", metavar="DIR", help="write a checkpoint directory here (weights + manifest)")
+    tr.add_argument("--quiet", "-q", action="store_true", help="no per-epoch progress lines")
+
+    ev = sub.add_parser("evaluate", help="evaluate a checkpoint: every exit and adaptive inference")
+    ev.add_argument("--checkpoint", required=True, metavar="DIR", help="checkpoint directory written by train --save")
+    ev.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override eval.* or data.* fields, e.g. --set eval.thresholds=[0.8,0.9] --set eval.confidence=entropy",
+    )
+    ev.add_argument("--json-out", metavar="FILE", help="write the evaluation JSON here")
+
+    da = sub.add_parser("data", help="list datasets or check that one loads")
+    dsub = da.add_subparsers(dest="data_command", required=True, metavar="ACTION")
+    dsub.add_parser("list", help="list the dataset names and prefixes growpipe knows")
+    ck = dsub.add_parser("check", help="load a dataset and print its summary")
+    ck.add_argument("name", help="dataset name, e.g. fashion-mnist or parquet:/path/to/dir")
+    ck.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="data.* fields, e.g. --set data.root=/data/fmnist")  # fmt: skip
+    return parser
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from growpipe.checkpoint import save_checkpoint
+    from growpipe.config import load_config
+    from growpipe.fsutil import atomic_write_json
+    from growpipe.local import format_report, train_local
+
+    cfg = load_config(args.config, args.overrides)
+    result = train_local(cfg, progress=None if args.quiet else print)
+    summary = result.summary()
+    print(format_report(summary))
+    if args.json_out:
+        print(f"result JSON: {atomic_write_json(args.json_out, summary)}")
+    if args.save:
+        extra = {"growth": result.growth, "epochs": len(result.history)}
+        path = save_checkpoint(args.save, result.net, extra)
+        print(f"checkpoint: {path}  (growpipe evaluate --checkpoint {path})")
+    return 0
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from growpipe.checkpoint import load_checkpoint
+    from growpipe.config import apply_overrides, build_config
+    from growpipe.data import load_data
+    from growpipe.fsutil import atomic_write_json
+    from growpipe.local import evaluate_net
+
+    net, manifest = load_checkpoint(args.checkpoint)
+    bad = [o for o in args.overrides if not o.split("=", 1)[0].startswith(("eval.", "data."))]
+    if bad:
+        raise GrowpipeError(f"--set {bad[0]}: evaluate only takes eval.* and data.* overrides")
+    cfg = build_config(apply_overrides(manifest["config"], args.overrides), "checkpoint config + --set")
+    net.cfg = cfg
+    bundle = load_data(cfg.data)
+    ev = evaluate_net(net, bundle, cfg)
+    print(f"{cfg.method} on {cfg.data.name}: {net.depth} blocks, full-path accuracy {ev['full_accuracy']:.4f}")
+    print("  exit depth  accuracy  MACs/sample")
+    for d, a, m in zip(ev["exit_depths"], ev["exit_accuracy"], ev["macs_per_exit"], strict=True):
+        print(f"  {d:>10}  {a:8.4f}  {m:>11,}")
+    print(f"  adaptive ({ev['confidence']}): threshold  accuracy  mean depth  MACs saved")
+    for r in ev["adaptive"]:
+        print(
+            f"  {r['threshold']:>29.2f}  {r['accuracy']:8.4f}  {r['mean_depth']:10.2f}  "
+            f"{100 * r['macs_saved_fraction']:9.1f}%"
+        )
+    if args.json_out:
+        print(f"evaluation JSON: {atomic_write_json(args.json_out, ev)}")
+    return 0
+
+
+def _cmd_data(args: argparse.Namespace) -> int:
+    from growpipe.data import PREFIXES, REGISTRY, load_data
+
+    if args.data_command == "list":
+        for name, (_, desc) in REGISTRY.items():
+            print(f"  {name:<14} {desc}")
+        for prefix, (_, desc) in PREFIXES.items():
+            print(f"  {prefix + '...':<14} {desc}")
+        return 0
+    from growpipe.config import apply_overrides, build_config
+
+    raw = apply_overrides({"data": {"name": args.name}}, args.overrides)
+    bundle = load_data(build_config(raw, "data check").data)
+    print(bundle.summary())
+    counts = bundle.train.y.bincount(minlength=bundle.num_classes).tolist()
+    print(f"train samples per class: {counts}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `growpipe` console script."""
+    args = build_parser().parse_args(argv)
+    handlers = {"train": _cmd_train, "evaluate": _cmd_evaluate, "data": _cmd_data}
+    try:
+        return handlers[args.command](args)
+    except GrowpipeError as e:
+        print(f"growpipe {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,314 @@
+"""Run configuration: YAML in, validated pydantic models out.
+
+Every field has a default, so an empty YAML is a valid run (digits, MLP, AL). Errors from a bad file
+are collected and reported together, one line each, naming the field and what to do about it.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from growpipe.errors import ConfigError
+
+METHODS = ("al", "scpl", "dascpl", "bp")
+BACKBONES = ("mlp", "cnn", "resnet18", "embedding", "lstm", "transformer")
+DATASET_NAMES = ("digits", "fashion-mnist", "20newsgroups", "cifar10", "cifar100")
+DATASET_PREFIXES = ("hf:", "parquet:", "csv:", "json:")
+GROUP_SCHEMES = ("none", "bands", "channels", "columns", "chunks")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class FeatureGroupsSpec(_Strict):
+    """How a dataset's features are cut into named groups for feature accumulation."""
+
+    scheme: Literal["none", "bands", "channels", "columns", "chunks"] = "none"
+    """none; bands (image rows), channels (image channels), columns (tabular), chunks (text tokens)."""
+    count: int = Field(2, ge=2, le=64)
+    """How many groups the features are cut into."""
+    base: int = Field(1, ge=1)
+    """The first `base` groups form the network's main input; the others come in through feature blocks."""
+
+    @model_validator(mode="after")
+    def _base_below_count(self) -> FeatureGroupsSpec:
+        if self.scheme != "none" and self.base >= self.count:
+            raise ValueError(f"base ({self.base}) must be below count ({self.count}) so groups are left to add")
+        return self
+
+    def names(self) -> list[str]:
+        """All group names, e.g. ['chunk0', 'chunk1']; empty when scheme is none."""
+        if self.scheme == "none":
+            return []
+        stem = {"bands": "band", "channels": "channel", "columns": "cols", "chunks": "chunk"}[self.scheme]
+        return [f"{stem}{i}" for i in range(self.count)]
+
+    def side_names(self) -> list[str]:
+        """The groups that are not part of the main input."""
+        return self.names()[self.base :]
+
+
+class DataSpec(_Strict):
+    """Which dataset, where it lives, and how it is batched and tokenised."""
+
+    name: str = "digits"
+    """digits | fashion-mnist | 20newsgroups | cifar10 | cifar100 | hf:NAME | parquet:PATH | csv:PATH | json:PATH"""
+    root: str | None = None
+    """Directory holding the files; default: the dataset's usual places (../shared/data/..., /usr/share/datasets)."""
+    download: bool = False
+    """Let torchvision download fashion-mnist/cifar when no local copy is found (needs the internet)."""
+    verify_checksums: bool = True
+    """Check torchvision's MD5 sums of CIFAR files (its python batches are pickles: only turn this off for
+    files you made yourself)."""
+    text_column: str = "text"
+    label_column: str = "label"
+    num_classes: int | None = Field(None, ge=2)
+    """Number of classes; labels must lie in [0, num_classes). Default: the dataset's own count."""
+    vocab_size: int = Field(20000, ge=3)
+    """Word vocabulary size built from the train split (including <pad> and <unk>)."""
+    max_len: int = Field(256, ge=4)
+    """Tokens kept per document."""
+    batch_size: int = Field(64, ge=1)
+    limit_train: int | None = Field(None, ge=1)
+    """Use only the first N training samples (after a seeded shuffle); for quick runs."""
+    limit_test: int | None = Field(None, ge=1)
+    feature_groups: FeatureGroupsSpec = FeatureGroupsSpec()
+
+    @field_validator("name")
+    @classmethod
+    def _known_dataset(cls, v: str) -> str:
+        if v in DATASET_NAMES or v.startswith(DATASET_PREFIXES):
+            return v
+        raise ValueError(
+            f"unknown dataset {v!r}; use one of {', '.join(DATASET_NAMES)} or a prefix "
+            f"{', '.join(p + '...' for p in DATASET_PREFIXES)}"
+        )
+
+
+class NetSpec(_Strict):
+    """The backbone and how it is cut into blocks."""
+
+    backbone: Literal["mlp", "cnn", "resnet18", "embedding", "lstm", "transformer"] = "mlp"
+    blocks: int = Field(2, ge=1, le=64)
+    width: int = Field(256, ge=1)
+    """MLP hidden size, LSTM hidden size per direction, transformer model size."""
+    widths: list[int] | None = None
+    """Per-block width (MLP units or CNN channels); overrides width; one entry per block."""
+    layers_per_block: int = Field(1, ge=1, le=16)
+    embed_dim: int = Field(128, ge=1)
+    heads: int = Field(4, ge=1)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    pooling: Literal["mean", "tfidf"] = "mean"
+    """embedding backbone: mean (block 2 averages token embeddings) or tfidf (block 1 returns the
+    sublinear-tf x idf weighted, L2-normalised bag of embeddings: a learned map of the TF-IDF vector)."""
+
+    @model_validator(mode="after")
+    def _widths_match_blocks(self) -> NetSpec:
+        if self.pooling == "tfidf" and self.backbone != "embedding":
+            raise ValueError("pooling: tfidf is for backbone: embedding; drop it or switch the backbone")
+        if self.widths is not None:
+            if len(self.widths) != self.blocks:
+                raise ValueError(
+                    f"widths has {len(self.widths)} entries but blocks is {self.blocks}; give one width per block"
+                )
+            if any(w < 1 for w in self.widths):
+                raise ValueError("widths must all be >= 1")
+        if self.backbone == "transformer" and self.width % self.heads:
+            raise ValueError(f"width ({self.width}) must be divisible by heads ({self.heads}) for a transformer")
+        if self.backbone == "resnet18" and self.blocks > 8:
+            raise ValueError(f"resnet18 has 8 residual units; blocks={self.blocks} is more, use 1..8")
+        return self
+
+    def block_width(self, i: int) -> int:
+        """Width of block i (widths[i] when given, else width)."""
+        return self.widths[i] if self.widths else self.width
+
+
+class OptimSpec(_Strict):
+    """Optimizer settings shared by every block."""
+
+    epochs: int = Field(10, ge=0)
+    """Epochs for the initial blocks, before any growth step."""
+    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
+    lr: float = Field(1e-3, gt=0)
+    momentum: float = Field(0.9, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+
+
+class ALSpec(_Strict):
+    """Associated Learning options."""
+
+    code_dim: int = Field(128, ge=2)
+    """Size of the label codes t_i."""
+    bridge_hidden: int = Field(0, ge=0)
+    """Hidden units of the bridge b (0: a single linear map)."""
+    label_lr_scale: float = Field(10.0, gt=0)
+    """g and h learn at train.lr times this: the label side must settle before the feature side can follow
+    it (with the same rate, deeper exits of small runs stay at chance)."""
+
+
+class SCPLSpec(_Strict):
+    """Supervised-contrastive options (SCPL and DASCPL)."""
+
+    temperature: float = Field(0.1, gt=0)
+    projector: Literal["identity", "linear", "mlp"] = "mlp"
+    proj_dim: int = Field(128, ge=2)
+
+
+class GrowStep(_Strict):
+    """One growth step of the schedule: append a block, then train it."""
+
+    kind: Literal["layer", "feature"] = "layer"
+    epochs: int = Field(1, ge=0)
+    group: str | None = None
+    """Feature group the new block receives (kind=feature)."""
+    width: int | None = Field(None, ge=1)
+    """Width of the new block (default: the net's width)."""
+
+    @model_validator(mode="after")
+    def _group_for_feature(self) -> GrowStep:
+        if self.kind == "feature" and not self.group:
+            raise ValueError("kind=feature needs group: the name of a feature group, e.g. chunk1")
+        if self.kind == "layer" and self.group:
+            raise ValueError("group is only for kind=feature; drop it or set kind: feature")
+        return self
+
+
+class GrowSpec(_Strict):
+    """Growth schedule for the reference trainer."""
+
+    schedule: list[GrowStep] = []
+    freeze: bool = True
+    """Freeze earlier blocks when a block is appended (only the new block trains)."""
+
+
+class EvalSpec(_Strict):
+    """Evaluation: exits and adaptive inference."""
+
+    thresholds: list[float] = [0.5, 0.7, 0.8, 0.9, 0.95, 0.99]
+    confidence: Literal["max_prob", "entropy"] = "max_prob"
+    """max_prob: highest softmax probability; entropy: 1 - normalised entropy."""
+
+    @field_validator("thresholds")
+    @classmethod
+    def _in_unit_interval(cls, v: list[float]) -> list[float]:
+        bad = [t for t in v if not 0.0 <= t <= 1.0]
+        if bad:
+            raise ValueError(f"thresholds {bad} are outside [0, 1]; confidences are probabilities")
+        return v
+
+
+class RunConfig(_Strict):
+    """A whole run: what to train, on what, how, and how it grows."""
+
+    name: str = "growpipe"
+    method: Literal["al", "scpl", "dascpl", "bp"] = "al"
+    seed: int = 0
+    device: str = "auto"
+    """auto (CUDA when present), cpu, cuda, cuda:N."""
+    threads: int = Field(0, ge=0)
+    """torch threads for the reference trainer (0: torch's default)."""
+    data: DataSpec = DataSpec()
+    net: NetSpec = NetSpec()
+    train: OptimSpec = OptimSpec()
+    al: ALSpec = ALSpec()
+    scpl: SCPLSpec = SCPLSpec()
+    grow: GrowSpec = GrowSpec()
+    eval: EvalSpec = EvalSpec()
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> RunConfig:
+        known = self.data.feature_groups.side_names()
+        for i, step in enumerate(self.grow.schedule):
+            if step.kind == "feature" and step.group not in known:
+                hint = (
+                    f"this config declares {', '.join(known)}"
+                    if known
+                    else "set data.feature_groups (scheme, count, base) to declare groups"
+                )
+                raise ValueError(f"grow.schedule[{i}].group: unknown feature group {step.group!r}; {hint}")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device: {self.device!r} is not auto, cpu, cuda or cuda:N")
+        return self
+
+    def total_epochs(self) -> int:
+        """Epochs over the whole schedule (initial + every growth step)."""
+        return self.train.epochs + sum(s.epochs for s in self.grow.schedule)
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"{source}: {err.error_count()} problem(s)"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field; check the spelling (see configs/ for every field)"
+        elif e["type"] == "literal_error":
+            msg = f"got {e['input']!r}; {msg.lower()}"
+        lines.append(f"  {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_value(text: str) -> Any:
+    """Parse a --set value with YAML rules (numbers, bools, lists), falling back to the string."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Return a copy of `raw` with each `dotted.key=value` applied."""
+    out = copy.deepcopy(raw)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set train.lr=0.01")
+        key, value = item.split("=", 1)
+        node = out
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            nxt = node.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"--set {key}: {part!r} is a value, not a section")
+            node = nxt
+        node[parts[-1]] = parse_value(value)
+    return out
+
+
+def build_config(raw: dict[str, Any] | None, source: str = "config") -> RunConfig:
+    """Validate a raw mapping; raise ConfigError listing every problem."""
+    try:
+        return RunConfig.model_validate(raw or {})
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, source)) from None
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
+    """Read a YAML file (or nothing: all defaults), apply --set overrides, validate."""
+    raw: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"--config {p}: no such file; see configs/ for examples")
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p}: not valid YAML ({e.__class__.__name__}: {str(e).splitlines()[0]})") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{p}: the top level must be a mapping of sections (method, data, net, ...)")
+        raw = loaded or {}
+        source = str(p)
+    raw = apply_overrides(raw, overrides or [])
+    return build_config(raw, source)
+
+
+def dump_config(cfg: RunConfig) -> str:
+    """The config as YAML that load_config accepts."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

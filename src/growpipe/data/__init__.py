@@ -1,0 +1,46 @@
+"""Dataset registry: a name in the config -> a loaded, feature-grouped DataBundle."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+from growpipe.config import DataSpec
+from growpipe.data.bundle import DataBundle, Split, apply_feature_groups, iterate_batches, limit, num_batches
+from growpipe.data.sources import (
+    load_cifar,
+    load_digits_bundle,
+    load_fashion_mnist,
+    load_files,
+    load_hf,
+    load_newsgroups,
+)
+
+REGISTRY: dict[str, tuple[Callable[[DataSpec], DataBundle], str]] = {
+    "digits": (load_digits_bundle, "scikit-learn's bundled 8x8 digits, 1,347/450 (the embedded default)"),
+    "fashion-mnist": (load_fashion_mnist, "Zalando Fashion-MNIST IDX .gz files, 60,000/10,000, 28x28"),
+    "20newsgroups": (load_newsgroups, "20 Newsgroups by-date parquet (text, label), 11,293/7,528"),
+    "cifar10": (partial(load_cifar, classes=10), "CIFAR-10 via torchvision (data.root or data.download)"),
+    "cifar100": (partial(load_cifar, classes=100), "CIFAR-100 via torchvision (data.root or data.download)"),
+}
+PREFIXES: dict[str, tuple[Callable[[DataSpec], DataBundle], str]] = {
+    "hf:": (load_hf, "Hugging Face dataset by hub name or local directory"),
+    "parquet:": (load_files, "directory with train.parquet and test.parquet"),
+    "csv:": (load_files, "directory with train.csv and test.csv"),
+    "json:": (load_files, "directory with train.json(l) and test.json(l)"),
+}
+
+
+def load_data(spec: DataSpec) -> DataBundle:
+    """Load the dataset named in `spec`, subsample if asked, and cut its feature groups."""
+    if spec.name in REGISTRY:
+        loader = REGISTRY[spec.name][0]
+    else:
+        loader = next(fn for prefix, (fn, _) in PREFIXES.items() if spec.name.startswith(prefix))
+    bundle = loader(spec)
+    bundle.train = limit(bundle.train, spec.limit_train)
+    bundle.test = limit(bundle.test, spec.limit_test)
+    return apply_feature_groups(bundle, spec.feature_groups)
+
+
+__all__ = ["DataBundle", "Split", "iterate_batches", "load_data", "num_batches", "REGISTRY", "PREFIXES"]

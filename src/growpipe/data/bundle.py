@@ -1,0 +1,180 @@
+"""In-memory datasets, feature groups and batch iteration.
+
+A loader returns a DataBundle: train and test splits as tensors, the number of classes, and (after
+`apply_feature_groups`) the main input plus every side feature group that feature blocks may ask for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from growpipe.config import FeatureGroupsSpec
+from growpipe.data.text import Vocab
+from growpipe.errors import DataError
+from growpipe.nn.packet import Packet
+
+
+@dataclass
+class Split:
+    """One split: inputs `x` (float features or long token ids), labels `y`, side feature groups."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    side: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.y.shape[0])
+
+
+@dataclass
+class DataBundle:
+    """A dataset ready for training: splits, label space and input description."""
+
+    name: str
+    kind: str  # image | tabular | text
+    train: Split
+    test: Split
+    num_classes: int
+    class_names: list[str]
+    vocab: Vocab | None = None
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.train.x.shape[1:])
+
+    @property
+    def input_dtype(self) -> str:
+        return "long" if self.train.x.dtype == torch.long else "float"
+
+    def side_shape(self, group: str) -> tuple[int, ...]:
+        """Per-sample shape of a side feature group."""
+        return tuple(self.train.side[group].shape[1:])
+
+    def side_dtype(self, group: str) -> str:
+        return "long" if self.train.side[group].dtype == torch.long else "float"
+
+    def summary(self) -> str:
+        """One line describing the bundle."""
+        groups = f", side groups {sorted(self.train.side)}" if self.train.side else ""
+        vocab = f", vocab {len(self.vocab)}" if self.vocab else ""
+        return (
+            f"{self.name}: {self.kind}, train {len(self.train)}, test {len(self.test)}, "
+            f"{self.num_classes} classes, input {self.input_shape} {self.input_dtype}{vocab}{groups}"
+        )
+
+
+def check_labels(y_train: np.ndarray, y_test: np.ndarray, num_classes: int | None, source: str) -> int:
+    """Validate integer labels and return the number of classes."""
+    for split, y in (("train", y_train), ("test", y_test)):
+        if len(y) == 0:
+            raise DataError(f"{source}: the {split} split is empty; point data.root at a directory with data")
+    classes = num_classes if num_classes is not None else int(y_train.max()) + 1
+    for split, y in (("train", y_train), ("test", y_test)):
+        bad = y[(y < 0) | (y >= classes)]
+        if len(bad):
+            raise DataError(
+                f"{source}: label {int(bad[0])} in the {split} split is outside [0, {classes}); "
+                f"relabel to 0..{classes - 1} or set data.num_classes"
+            )
+    return classes
+
+
+def limit(split: Split, n: int | None, seed: int = 0) -> Split:
+    """The first `n` samples of a fixed seeded permutation (the whole split when n is None)."""
+    if n is None or n >= len(split):
+        return split
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randperm(len(split), generator=g)[:n]
+    return Split(split.x[idx], split.y[idx], {k: v[idx] for k, v in split.side.items()})
+
+
+def _cut(length: int, count: int) -> list[tuple[int, int]]:
+    edges = np.linspace(0, length, count + 1).round().astype(int)
+    return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:], strict=True)]
+
+
+def _apply_groups_to_split(split: Split, kind: str, spec: FeatureGroupsSpec) -> Split:
+    names = spec.names()
+    x = split.x
+    side: dict[str, torch.Tensor] = {}
+    if spec.scheme == "bands":
+        if x.dim() != 4:
+            raise DataError("data.feature_groups.scheme=bands needs image data (N, C, H, W)")
+        cuts = _cut(x.shape[2], spec.count)
+        base = x.clone()
+        for name, (a, b) in zip(names, cuts, strict=True):
+            side[name] = x[:, :, a:b, :].clone()
+        base[:, :, cuts[spec.base - 1][1] :, :] = 0
+        x = base
+    elif spec.scheme == "channels":
+        if x.dim() != 4 or x.shape[1] < spec.count:
+            raise DataError(
+                f"data.feature_groups.scheme=channels needs images with >= {spec.count} channels; "
+                f"this data has shape {tuple(x.shape[1:])}"
+            )
+        cuts = _cut(x.shape[1], spec.count)
+        base = x.clone()
+        for name, (a, b) in zip(names, cuts, strict=True):
+            side[name] = x[:, a:b].clone()
+        base[:, cuts[spec.base - 1][1] :] = 0
+        x = base
+    elif spec.scheme == "columns":
+        if x.dim() != 2 or kind != "tabular":
+            raise DataError("data.feature_groups.scheme=columns needs tabular data (N, F)")
+        cuts = _cut(x.shape[1], spec.count)
+        for name, (a, b) in zip(names, cuts, strict=True):
+            side[name] = x[:, a:b].clone()
+        x = x[:, : cuts[spec.base - 1][1]].clone()
+    elif spec.scheme == "chunks":
+        if kind != "text":
+            raise DataError("data.feature_groups.scheme=chunks needs text data (token ids)")
+        cuts = _cut(x.shape[1], spec.count)
+        for name, (a, b) in zip(names, cuts, strict=True):
+            side[name] = x[:, a:b].clone()
+        x = x[:, : cuts[spec.base - 1][1]].clone()
+    base_names = set(names[: spec.base])
+    return Split(x, split.y, {k: v for k, v in side.items() if k not in base_names})
+
+
+def apply_feature_groups(bundle: DataBundle, spec: FeatureGroupsSpec) -> DataBundle:
+    """Cut the inputs into the declared groups: the main input keeps the base groups only."""
+    if spec.scheme == "none":
+        return bundle
+    bundle.train = _apply_groups_to_split(bundle.train, bundle.kind, spec)
+    bundle.test = _apply_groups_to_split(bundle.test, bundle.kind, spec)
+    return bundle
+
+
+def iterate_batches(
+    split: Split,
+    batch_size: int,
+    *,
+    shuffle: bool,
+    seed: int = 0,
+    epoch: int = 0,
+    side_groups: tuple[str, ...] = (),
+) -> Iterator[Packet]:
+    """Packets of `batch_size` samples; the order depends only on (seed, epoch) when shuffled."""
+    n = len(split)
+    if shuffle:
+        g = torch.Generator().manual_seed(seed * 100_003 + epoch)
+        order = torch.randperm(n, generator=g)
+    else:
+        order = torch.arange(n)
+    for b, start in enumerate(range(0, n, batch_size)):
+        idx = order[start : start + batch_size]
+        yield Packet(
+            x=split.x[idx],
+            y=split.y[idx],
+            side={g_: split.side[g_][idx] for g_ in side_groups},
+            index=b,
+        )
+
+
+def num_batches(split: Split, batch_size: int) -> int:
+    """How many packets iterate_batches yields."""
+    return (len(split) + batch_size - 1) // batch_size

@@ -1,0 +1,59 @@
+"""Word-level tokenisation and a vocabulary built from the training split."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+import torch
+
+_TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
+PAD, UNK = 0, 1
+
+
+def tokenize(text: str) -> list[str]:
+    """Lower-case word tokens (letters and digits, with inner apostrophes)."""
+    return _TOKEN.findall(text.lower())
+
+
+class Vocab:
+    """Maps words to ids: 0 is <pad>, 1 is <unk>, then the most frequent training words."""
+
+    def __init__(self, words: Sequence[str], doc_freq: Sequence[int] | None = None, num_docs: int = 0):
+        self.itos = ["<pad>", "<unk>", *words]
+        self.stoi = {w: i for i, w in enumerate(self.itos)}
+        self.doc_freq = list(doc_freq) if doc_freq is not None else [0] * len(words)
+        self.num_docs = num_docs
+
+    @classmethod
+    def build(cls, texts: Iterable[str], size: int) -> Vocab:
+        """The `size - 2` most frequent words of `texts` (ties broken by first appearance)."""
+        counts: Counter[str] = Counter()
+        docs: Counter[str] = Counter()
+        n = 0
+        for t in texts:
+            toks = tokenize(t)
+            counts.update(toks)
+            docs.update(set(toks))
+            n += 1
+        words = [w for w, _ in counts.most_common(max(size - 2, 0))]
+        return cls(words, [docs[w] for w in words], n)
+
+    def idf(self) -> torch.Tensor:
+        """Smoothed inverse document frequency per id, log((1 + N) / (1 + df)) + 1; 0 for <pad>, 1 for <unk>."""
+        df = torch.tensor(self.doc_freq, dtype=torch.float32)
+        words = torch.log((1.0 + self.num_docs) / (1.0 + df)) + 1.0
+        return torch.cat([torch.tensor([0.0, 1.0]), words])
+
+    def __len__(self) -> int:
+        return len(self.itos)
+
+    def encode(self, texts: Sequence[str], max_len: int) -> torch.Tensor:
+        """Token ids, truncated to `max_len` and right-padded with 0: a (N, max_len) long tensor."""
+        out = torch.zeros(len(texts), max_len, dtype=torch.long)
+        for row, text in enumerate(texts):
+            ids = [self.stoi.get(w, UNK) for w in tokenize(text)[:max_len]]
+            if ids:
+                out[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        return out

@@ -1,0 +1,24 @@
+"""Exceptions with messages that name the problem and the fix.
+
+They take one string argument, so they pickle cleanly across Ray actors.
+"""
+
+
+class GrowpipeError(Exception):
+    """Base class: a user-facing problem with a one-line (per item) explanation."""
+
+
+class ConfigError(GrowpipeError, ValueError):
+    """A config field is wrong; the message names the field and the fix."""
+
+
+class DataError(GrowpipeError, ValueError):
+    """A dataset is missing, empty or malformed."""
+
+
+class ShapeError(GrowpipeError, ValueError):
+    """Blocks whose shapes do not chain."""
+
+
+class CheckpointError(GrowpipeError, ValueError):
+    """A checkpoint is missing, incomplete or does not match the config."""

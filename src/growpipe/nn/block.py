@@ -1,0 +1,159 @@
+"""The Block: one trainable unit of a growable net, with the same small surface for every learning rule.
+
+- `train_step(packet) -> (packet, metrics)`: forward on the detached input, local loss, backward, optimizer
+  step; a frozen block only forwards. The returned packet is detached.
+- `forward(packet) -> packet`: the same without learning.
+- `exit(out_packet) -> logits or code or None`: the prediction this depth can make from its own output.
+  For rules whose exits live in a label-code space (AL), `exit_decodes` is True and the code is turned
+  into logits by `decode` of each lower block in turn.
+- `state_dict()` / `load_state_dict()`: modules and optimizer state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from growpipe.config import OptimSpec
+from growpipe.nn.backbones import build_encoder, dummy_input, dummy_side, head_features, output_shape
+from growpipe.nn.macs import count_macs
+from growpipe.nn.packet import Packet
+from growpipe.nn.specs import BlockSpec, InputInfo
+
+
+def make_optimizer(params, optim: OptimSpec, lr: float | None = None) -> torch.optim.Optimizer:
+    """The optimizer named in the config over `params`."""
+    lr = lr or optim.lr
+    params = list(params)
+    if optim.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
+    if optim.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=optim.weight_decay)
+    return torch.optim.Adam(params, lr=lr, weight_decay=optim.weight_decay)
+
+
+class Block:
+    """Base class: holds the encoder `f`, the rule's heads, and one optimizer per independent part."""
+
+    exit_decodes = False
+
+    def __init__(self, spec: BlockSpec, info: InputInfo):
+        self.spec = spec
+        self.info = info
+        self.index = spec.index
+        self.modules = nn.ModuleDict({"f": build_encoder(spec.encoder, info)})
+        self.out_shape, _ = output_shape(spec.encoder, info)
+        self.head_dim = self._head_dim()
+        self.optimizers: dict[str, torch.optim.Optimizer] = {}
+        self.frozen = False
+        self.device = torch.device("cpu")
+
+    # ---- construction helpers ---------------------------------------------------------------------
+    def _head_dim(self) -> int:
+        with torch.no_grad():
+            x = torch.zeros((2, *self.out_shape))
+            mask = torch.ones(2, self.out_shape[0], dtype=torch.bool) if len(self.out_shape) == 2 else None
+            return int(head_features(x, mask).shape[1])
+
+    @property
+    def in_shape(self) -> tuple[int, ...]:
+        return self.spec.encoder.in_shape
+
+    # ---- the interface ------------------------------------------------------------------------------
+    def encode(self, p: Packet) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run the encoder f on a packet: (features, mask)."""
+        return self.modules["f"](p.x, p.mask, p.side)
+
+    def train_step(self, p: Packet) -> tuple[Packet, dict[str, float]]:
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def forward(self, p: Packet) -> Packet:
+        """The block's output packet, without learning (eval mode)."""
+        self.modules.eval()
+        s, mask = self.encode(p)
+        return Packet(x=s, y=p.y, t=self._forward_code(p), mask=mask, side=p.side, index=p.index)
+
+    def _forward_code(self, p: Packet) -> torch.Tensor | None:
+        """The label code passed on by forward (AL only)."""
+        return None
+
+    def exit(self, out: Packet) -> torch.Tensor | None:
+        """Exit head output for the block's output packet (None when this depth has no exit).
+
+        The default is the classifier `cls` on the pooled features, when the block has one.
+        """
+        if "cls" not in self.modules:
+            return None
+        return self.modules["cls"](head_features(out.x, out.mask))
+
+    def decode(self, code: torch.Tensor) -> torch.Tensor:
+        """Map a code from this block's label space to the one below (AL)."""
+        raise NotImplementedError(f"{type(self).__name__} has no decoder")
+
+    @property
+    def has_exit(self) -> bool:
+        return self.spec.has_exit
+
+    # ---- freezing, devices, state -------------------------------------------------------------------
+    def freeze(self, keep_optimizer: bool = False) -> None:
+        """Stop learning: parameters no longer require grad, eval mode for good (BatchNorm stats fixed).
+
+        The optimizer state is dropped unless `keep_optimizer` (to un-freeze later with momentum intact).
+        """
+        self.frozen = True
+        for prm in self.modules.parameters():
+            prm.requires_grad_(False)
+        self.modules.eval()
+        if not keep_optimizer:
+            self.optimizers = {}
+
+    def to(self, device: torch.device | str) -> Block:
+        """Move modules (and optimizer state) to `device`."""
+        self.device = torch.device(device)
+        self.modules.to(self.device)
+        for opt in self.optimizers.values():
+            for state in opt.state.values():
+                for k, v in state.items():
+                    if torch.is_tensor(v):
+                        state[k] = v.to(self.device)
+        return self
+
+    def state_dict(self) -> dict[str, Any]:
+        """Modules, optimizers and the frozen flag (tensors and plain values only)."""
+        return {
+            "modules": self.modules.state_dict(),
+            "optimizers": {k: o.state_dict() for k, o in self.optimizers.items()},
+            "frozen": self.frozen,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.modules.load_state_dict(state["modules"])
+        if state.get("frozen"):
+            self.freeze()
+        for k, s in state.get("optimizers", {}).items():
+            if k in self.optimizers:
+                self.optimizers[k].load_state_dict(s)
+
+    def parameters(self):
+        return self.modules.parameters()
+
+    # ---- cost -----------------------------------------------------------------------------------------
+    def encoder_macs(self) -> int:
+        """MACs per sample of the encoder f."""
+        x = dummy_input(self.in_shape, self.spec.encoder.in_dtype)
+        mask = torch.ones(x.shape[:2], dtype=torch.bool) if len(self.in_shape) == 2 else None
+        side = dummy_side(self.info)
+        return count_macs(self.modules["f"], lambda f: f(x, mask, side), 2)
+
+    def exit_macs(self) -> int:
+        """MACs per sample of this block's exit head alone (0 when it has none)."""
+        if "cls" not in self.modules:
+            return 0
+        return count_macs(self.modules["cls"], lambda m: m(torch.zeros(2, self.head_dim)), 2)
+
+    def decode_macs(self) -> int:
+        """MACs per sample of `decode` (0 for rules whose exits give logits directly)."""
+        return 0

@@ -1,0 +1,38 @@
+"""Learning rules: each builds Blocks with the same interface (see growpipe.nn.block)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from growpipe.config import RunConfig
+from growpipe.nn.block import Block
+from growpipe.nn.methods.al import ALBlock
+from growpipe.nn.methods.bp import BPBlock
+from growpipe.nn.methods.dascpl import DASCPLBlock
+from growpipe.nn.methods.scpl import SCPLBlock
+from growpipe.nn.specs import BlockSpec, InputInfo
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What the net needs to know about a learning rule."""
+
+    name: str
+    block_class: type[Block]
+    exit_everywhere: bool
+    """Every block has an exit head (else only the block that was last when it was added)."""
+    end_to_end: bool
+    """Blocks train together through one loss (BP) instead of each on its own."""
+
+
+RULES: dict[str, Rule] = {
+    "al": Rule("al", ALBlock, exit_everywhere=True, end_to_end=False),
+    "scpl": Rule("scpl", SCPLBlock, exit_everywhere=False, end_to_end=False),
+    "dascpl": Rule("dascpl", DASCPLBlock, exit_everywhere=True, end_to_end=False),
+    "bp": Rule("bp", BPBlock, exit_everywhere=False, end_to_end=True),
+}
+
+
+def build_block(cfg: RunConfig, spec: BlockSpec, info: InputInfo) -> Block:
+    """Instantiate the block `spec` describes under the config's learning rule."""
+    return RULES[cfg.method].block_class(spec, info, cfg)

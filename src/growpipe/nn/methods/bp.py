@@ -1,0 +1,54 @@
+"""End-to-end backpropagation over the same blocks: the baseline every figure is compared with.
+
+Each block keeps its own optimizer over its own parameters; with element-wise optimizers (SGD, Adam) that
+is the same update as one optimizer over the whole net. Only the last block's classifier is trained.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import nn
+
+from growpipe.config import RunConfig
+from growpipe.nn.backbones import head_features
+from growpipe.nn.block import Block, make_optimizer
+from growpipe.nn.packet import Packet
+from growpipe.nn.specs import BlockSpec, InputInfo
+
+
+class BPBlock(Block):
+    def __init__(self, spec: BlockSpec, info: InputInfo, cfg: RunConfig):
+        super().__init__(spec, info)
+        if spec.has_exit:
+            self.modules["cls"] = nn.Linear(self.head_dim, spec.num_classes)
+        self.optimizers = {"all": make_optimizer(self.modules.parameters(), cfg.train)}
+
+    def forward_with_grad(self, p: Packet) -> Packet:
+        """Forward in train mode keeping the autograd graph (for end-to-end training)."""
+        self.modules.train()
+        s, mask = self.encode(p)
+        return Packet(x=s, y=p.y, mask=mask, side=p.side, index=p.index)
+
+    def train_step(self, p: Packet) -> tuple[Packet, dict[str, float]]:
+        """A block trained alone end to end (the only trainable block of its net)."""
+        out, metrics = train_chain([self], p)
+        return out, metrics
+
+
+def train_chain(blocks: list[BPBlock], p: Packet) -> tuple[Packet, dict[str, float]]:
+    """One end-to-end step: frozen blocks forward without grad, the rest with; cross-entropy at the last
+    block's classifier; one backward; every trainable block steps its optimizer."""
+    last = blocks[-1]
+    if last.frozen or "cls" not in last.modules:
+        raise ValueError(f"BP needs a trainable classifier on the last block (block {last.index})")
+    for b in blocks:
+        p = b.forward(p) if b.frozen else b.forward_with_grad(p)
+    logits = last.modules["cls"](head_features(p.x, p.mask))
+    loss = F.cross_entropy(logits, p.y)
+    trainable = [b for b in blocks if not b.frozen]
+    for b in trainable:
+        b.optimizers["all"].zero_grad(set_to_none=True)
+    loss.backward()
+    for b in trainable:
+        b.optimizers["all"].step()
+    return p.detached(), {"ce": loss.item()}

@@ -1,0 +1,170 @@
+"""GrowableNet: an ordered list of Blocks that can be appended to, frozen, and read out at any depth."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from growpipe.config import GrowStep, RunConfig
+from growpipe.errors import ShapeError
+from growpipe.nn.backbones import growth_encoder, plan_encoders
+from growpipe.nn.block import Block
+from growpipe.nn.methods import RULES, build_block
+from growpipe.nn.methods.bp import train_chain
+from growpipe.nn.packet import Packet
+from growpipe.nn.specs import BlockSpec, InputInfo
+
+
+class GrowableNet:
+    """Blocks in order. Block i+1's input shape is block i's output shape (checked on append)."""
+
+    def __init__(self, cfg: RunConfig, info: InputInfo, device: torch.device | str = "cpu"):
+        self.cfg = cfg
+        self.info = info
+        self.rule = RULES[cfg.method]
+        self.device = torch.device(device)
+        self.blocks: list[Block] = []
+
+    # ---- construction -----------------------------------------------------------------------------
+    @classmethod
+    def build(cls, cfg: RunConfig, info: InputInfo, device: torch.device | str = "cpu") -> GrowableNet:
+        """The initial net: the backbone cut into cfg.net.blocks blocks."""
+        net = cls(cfg, info, device)
+        encoders = plan_encoders(cfg.net, info)
+        for i, enc in enumerate(encoders):
+            has_exit = net.rule.exit_everywhere or i == len(encoders) - 1
+            net.append(build_block(cfg, BlockSpec(i, enc, has_exit, info.num_classes), info))
+        return net
+
+    @classmethod
+    def from_topology(
+        cls,
+        cfg: RunConfig,
+        info: InputInfo,
+        topology: list[dict[str, Any]],
+        device: torch.device | str = "cpu",
+    ) -> GrowableNet:
+        """Rebuild a net (fresh weights) from `topology()` output."""
+        net = cls(cfg, info, device)
+        for d in topology:
+            net.append(build_block(cfg, BlockSpec.from_dict(d), info))
+        return net
+
+    def topology(self) -> list[dict[str, Any]]:
+        """Serialisable block specs, enough to rebuild the net's structure."""
+        return [b.spec.to_dict() for b in self.blocks]
+
+    def append(self, block: Block) -> None:
+        """Add a block on top; its input shape must equal the current output shape."""
+        if self.blocks:
+            prev = self.blocks[-1]
+            if tuple(block.in_shape) != tuple(prev.out_shape):
+                raise ShapeError(
+                    f"block {len(self.blocks)} takes input of shape {tuple(block.in_shape)} but block "
+                    f"{prev.index} produces {tuple(prev.out_shape)}; build it with in_shape={tuple(prev.out_shape)}"
+                )
+        elif tuple(block.in_shape) != tuple(self.info.shape):
+            raise ShapeError(
+                f"block 0 takes input of shape {tuple(block.in_shape)} but the data has shape {self.info.shape}"
+            )
+        if block.index != len(self.blocks):
+            raise ShapeError(f"block index {block.index} appended at position {len(self.blocks)}")
+        self.blocks.append(block.to(self.device))
+
+    def plan_growth(self, step: GrowStep) -> BlockSpec:
+        """The spec of the block a growth step would append."""
+        last = self.blocks[-1]
+        enc = growth_encoder(self.cfg.net, self.info, last.spec.encoder, last.out_shape, step)
+        return BlockSpec(len(self.blocks), enc, True, self.info.num_classes)
+
+    def grow(self, step: GrowStep) -> Block:
+        """Append the block a growth step describes; freeze the earlier ones when cfg.grow.freeze."""
+        block = build_block(self.cfg, self.plan_growth(step), self.info)
+        if self.cfg.grow.freeze:
+            self.freeze()
+        self.append(block)
+        return block
+
+    def freeze(self, upto: int | None = None) -> None:
+        """Freeze blocks [0, upto) (all current blocks by default)."""
+        for b in self.blocks[: len(self.blocks) if upto is None else upto]:
+            if not b.frozen:
+                b.freeze()
+
+    @property
+    def depth(self) -> int:
+        return len(self.blocks)
+
+    def side_groups(self) -> tuple[str, ...]:
+        """Side feature groups some block reads."""
+        return tuple(b.spec.encoder.params["group"] for b in self.blocks if b.spec.encoder.family == "feature")
+
+    # ---- training ------------------------------------------------------------------------------------
+    def train_step(self, p: Packet) -> dict[str, float]:
+        """One training step on a packet through every block; metrics keyed 'b{i}.{name}'."""
+        p = p.to(self.device)
+        if self.rule.end_to_end:
+            _, m = train_chain(self.blocks, p)  # type: ignore[arg-type]
+            return {f"b{self.blocks[-1].index}.{k}": v for k, v in m.items()}
+        metrics: dict[str, float] = {}
+        for b in self.blocks:
+            p, m = b.train_step(p)
+            metrics.update({f"b{b.index}.{k}": v for k, v in m.items()})
+        return metrics
+
+    # ---- inference -----------------------------------------------------------------------------------
+    def exit_depths(self) -> list[int]:
+        """1-based depths that have an exit."""
+        return [b.index + 1 for b in self.blocks if b.has_exit]
+
+    @torch.no_grad()
+    def exit_logits(self, p: Packet, upto: int | None = None) -> dict[int, torch.Tensor]:
+        """Logits at every exit depth <= upto (1-based), one forward pass through the blocks."""
+        p = p.to(self.device)
+        out: dict[int, torch.Tensor] = {}
+        for b in self.blocks[: upto or len(self.blocks)]:
+            p = b.forward(p)
+            if b.has_exit:
+                out[b.index + 1] = self._to_logits(b, p)
+        return out
+
+    def _to_logits(self, block: Block, out: Packet) -> torch.Tensor:
+        z = block.exit(out)
+        if block.exit_decodes:
+            for lower in reversed(self.blocks[: block.index]):
+                z = lower.decode(z)
+        return z
+
+    @torch.no_grad()
+    def predict(
+        self, x: torch.Tensor, depth: int | None = None, side: dict[str, torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        """Logits of the full path (depth None) or the shortcut at `depth` (1-based) for inputs x."""
+        depth = depth or self.depth
+        if depth not in self.exit_depths():
+            raise ValueError(f"depth {depth} has no exit; exits are at {self.exit_depths()}")
+        return self.exit_logits(Packet(x=x, side=side or {}), upto=depth)[depth]
+
+    def exit_costs(self) -> dict[int, tuple[int, int]]:
+        """Per exit depth: (MACs per sample of the encoders up to it, MACs of its head incl. decoders below)."""
+        enc = [b.encoder_macs() for b in self.blocks]
+        dec = [b.decode_macs() for b in self.blocks]
+        out = {}
+        for b in self.blocks:
+            if b.has_exit:
+                k = b.index
+                head = b.exit_macs() + (sum(dec[:k]) if b.exit_decodes else 0)
+                out[k + 1] = (sum(enc[: k + 1]), head)
+        return out
+
+    # ---- state ---------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"blocks": [b.state_dict() for b in self.blocks]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if len(state["blocks"]) != len(self.blocks):
+            raise ShapeError(f"state has {len(state['blocks'])} blocks, the net {len(self.blocks)}")
+        for b, s in zip(self.blocks, state["blocks"], strict=True):
+            b.load_state_dict(s)
+            b.to(self.device)

@@ -1,0 +1,88 @@
+"""Plain, serialisable descriptions of a net's input and of each block, enough to rebuild it exactly."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class InputInfo:
+    """What the data feeds the first block (and feature blocks)."""
+
+    shape: tuple[int, ...]
+    dtype: str  # float | long
+    num_classes: int
+    vocab_size: int = 0
+    side: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)
+    """Side feature groups: name -> (per-sample shape, dtype)."""
+    idf: torch.Tensor | None = field(default=None, compare=False, repr=False)
+    """Inverse document frequency per token id (text); not serialised: blocks keep it as a buffer."""
+
+    @classmethod
+    def from_bundle(cls, bundle: Any) -> InputInfo:
+        """Describe a DataBundle."""
+        return cls(
+            shape=bundle.input_shape,
+            dtype=bundle.input_dtype,
+            num_classes=bundle.num_classes,
+            vocab_size=len(bundle.vocab) if bundle.vocab else 0,
+            side={g: (bundle.side_shape(g), bundle.side_dtype(g)) for g in sorted(bundle.train.side)},
+            idf=bundle.vocab.idf() if bundle.vocab else None,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "num_classes": self.num_classes,
+            "vocab_size": self.vocab_size,
+            "side": {k: [list(s), d] for k, (s, d) in self.side.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> InputInfo:
+        return cls(
+            shape=tuple(d["shape"]),
+            dtype=d["dtype"],
+            num_classes=d["num_classes"],
+            vocab_size=d.get("vocab_size", 0),
+            side={k: (tuple(s), dt) for k, (s, dt) in d.get("side", {}).items()},
+        )
+
+
+@dataclass(frozen=True)
+class EncoderSpec:
+    """One block's encoder f: its family, input and family parameters."""
+
+    family: str  # mlp | conv | resnet | embedding | lstm | transformer | feature
+    in_shape: tuple[int, ...]
+    in_dtype: str
+    params: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class BlockSpec:
+    """A block: its position, its encoder, whether it has an exit head, the label space."""
+
+    index: int
+    encoder: EncoderSpec
+    has_exit: bool
+    num_classes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        e = self.encoder
+        encoder = {"family": e.family, "in_shape": list(e.in_shape), "in_dtype": e.in_dtype, "params": dict(e.params)}
+        return {"index": self.index, "encoder": encoder, "has_exit": self.has_exit, "num_classes": self.num_classes}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BlockSpec:
+        e = d["encoder"]
+        return cls(
+            index=d["index"],
+            encoder=EncoderSpec(e["family"], tuple(e["in_shape"]), e["in_dtype"], dict(e["params"])),
+            has_exit=d["has_exit"],
+            num_classes=d["num_classes"],
+        )

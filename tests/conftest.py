@@ -1,0 +1,80 @@
+"""Shared helpers: small configs and data files written by the tests themselves."""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from growpipe.config import RunConfig, build_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for k, v in extra.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def tiny_config(**sections: Any) -> RunConfig:
+    """A fast digits config (64-wide MLP, 2 blocks, 1 epoch) with `sections` merged in."""
+    base = {
+        "data": {"name": "digits", "batch_size": 64},
+        "net": {"backbone": "mlp", "blocks": 2, "width": 64},
+        "train": {"epochs": 1},
+        "al": {"code_dim": 16},
+        "scpl": {"proj_dim": 16},
+    }
+    return build_config(deep_merge(base, sections))
+
+
+def write_idx(path: Path, array: np.ndarray) -> None:
+    """Write a uint8 array as a gzipped IDX file."""
+    header = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    with gzip.open(path, "wb") as f:
+        f.write(header + array.astype(np.uint8).tobytes())
+
+
+@pytest.fixture
+def fashion_dir(tmp_path: Path) -> Path:
+    """A tiny Fashion-MNIST directory: 40 train and 20 test 28x28 images."""
+    rng = np.random.default_rng(0)
+    d = tmp_path / "fmnist"
+    d.mkdir()
+    write_idx(d / "train-images-idx3-ubyte.gz", rng.integers(0, 255, (40, 28, 28)))
+    write_idx(d / "train-labels-idx1-ubyte.gz", np.arange(40) % 10)
+    write_idx(d / "t10k-images-idx3-ubyte.gz", rng.integers(0, 255, (20, 28, 28)))
+    write_idx(d / "t10k-labels-idx1-ubyte.gz", np.arange(20) % 10)
+    return d
+
+
+def text_frames(n_train: int = 60, n_test: int = 30) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Three topics whose documents use topic words, so a tiny text model can learn them."""
+    words = [["ball", "goal", "team", "score"], ["cpu", "disk", "linux", "kernel"], ["god", "church", "faith", "bible"]]
+    rng = np.random.default_rng(1)
+
+    def make(n: int) -> pd.DataFrame:
+        labels = np.arange(n) % 3
+        texts = [" ".join(rng.choice(words[y], 12)) + " the and of" for y in labels]
+        return pd.DataFrame({"text": texts, "label": labels, "label_name": [f"topic{y}" for y in labels]})
+
+    return make(n_train), make(n_test)
+
+
+@pytest.fixture
+def text_dir(tmp_path: Path) -> Path:
+    """A directory with train.parquet and test.parquet (text, label, label_name)."""
+    d = tmp_path / "news"
+    d.mkdir()
+    train, test = text_frames()
+    train.to_parquet(d / "train.parquet")
+    test.to_parquet(d / "test.parquet")
+    return d

@@ -1,0 +1,100 @@
+"""The growpipe command end to end on digits: train, result JSON, checkpoint, evaluate, data; bad input."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from growpipe.checkpoint import load_checkpoint, save_checkpoint
+from growpipe.cli import main
+from growpipe.errors import CheckpointError
+
+FAST = ["--set", "net.width=32", "--set", "train.epochs=1", "--set", "al.code_dim=8"]
+
+
+def test_train_writes_result_json_and_checkpoint_then_evaluate(tmp_path: Path, capsys):
+    out, ck = tmp_path / "r" / "result.json", tmp_path / "ck"
+    grow = ["--set", "grow.schedule=[{kind: layer, epochs: 1}]"]
+    assert main(["train", *FAST, *grow, "--json-out", str(out), "--save", str(ck)]) == 0
+    text = capsys.readouterr().out
+    assert "epoch   1/2" in text and "grow   +layer block 2" in text
+    r = json.loads(out.read_text())
+    for key in ("method", "dataset", "blocks", "epochs", "test_accuracy", "exit_accuracy", "train_seconds",
+                "samples_per_second", "adaptive", "growth"):  # fmt: skip
+        assert key in r
+    assert (r["method"], r["dataset"], r["blocks"], r["epochs"]) == ("al", "digits", 3, 2)
+    assert main(["evaluate", "--checkpoint", str(ck), "--set", "eval.thresholds=[0.9]", "--json-out",
+                 str(tmp_path / "ev.json")]) == 0  # fmt: skip
+    ev = json.loads((tmp_path / "ev.json").read_text())
+    assert ev["full_accuracy"] == pytest.approx(r["test_accuracy"])
+    assert [row["threshold"] for row in ev["adaptive"]] == [0.9]
+
+
+def test_checkpoint_round_trip_gives_identical_predictions(tmp_path: Path):
+    from growpipe.local import train_local
+    from tests.conftest import tiny_config
+
+    r = train_local(tiny_config(method="dascpl", net={"backbone": "cnn", "widths": [4, 8]}), progress=None)
+    save_checkpoint(tmp_path / "ck", r.net)
+    net, manifest = load_checkpoint(tmp_path / "ck")
+    x = r.bundle.test.x[:20]
+    assert (net.predict(x) == r.net.predict(x)).all()
+    assert manifest["topology"] == r.net.topology()
+
+
+def test_bad_config_is_one_line_per_problem_and_writes_nothing(tmp_path: Path, capsys):
+    out = tmp_path / "result.json"
+    code = main(["train", "--set", "method=foo", "--set", "net.backbone=vgg", "--json-out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "method: got 'foo'" in err and "net.backbone: got 'vgg'" in err
+    assert not out.exists() and not any(tmp_path.iterdir())
+
+
+def test_missing_data_fails_before_training_and_writes_nothing(tmp_path: Path, capsys):
+    out, ck = tmp_path / "result.json", tmp_path / "ck"
+    code = main(["train", "--set", "data.name=fashion-mnist", "--set", f"data.root={tmp_path / 'none'}",
+                 "--json-out", str(out), "--save", str(ck)])  # fmt: skip
+    assert code == 2
+    assert "data.root:" in capsys.readouterr().err
+    assert not out.exists() and not ck.exists()
+
+
+def test_failed_checkpoint_write_keeps_the_old_one(tmp_path: Path, monkeypatch):
+    from growpipe.local import train_local
+    from tests.conftest import tiny_config
+
+    r = train_local(tiny_config(), progress=None)
+    save_checkpoint(tmp_path / "ck", r.net)
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr("growpipe.checkpoint.torch.save", boom)
+    with pytest.raises(OSError):
+        save_checkpoint(tmp_path / "ck", r.net)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+    load_checkpoint(tmp_path / "ck")
+
+
+def test_evaluate_refuses_non_checkpoint(tmp_path: Path, capsys):
+    assert main(["evaluate", "--checkpoint", str(tmp_path)]) == 2
+    assert "is not a checkpoint" in capsys.readouterr().err
+    with pytest.raises(CheckpointError):
+        load_checkpoint(tmp_path)
+
+
+def test_data_list_and_check(capsys):
+    assert main(["data", "list"]) == 0
+    assert "fashion-mnist" in capsys.readouterr().out
+    assert main(["data", "check", "digits"]) == 0
+    assert "digits: image, train 1347" in capsys.readouterr().out
+    assert main(["data", "check", "nope"]) == 2
+    assert "unknown dataset 'nope'" in capsys.readouterr().err
+
+
+def test_help_lists_commands(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert all(c in out for c in ("train", "evaluate", "data"))

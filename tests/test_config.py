@@ -1,0 +1,89 @@
+from pathlib import Path
+
+import pytest
+
+from growpipe.config import RunConfig, apply_overrides, build_config, dump_config, load_config
+from growpipe.errors import ConfigError
+from tests.conftest import REPO
+
+
+def test_empty_config_is_valid_defaults():
+    cfg = build_config({})
+    assert cfg.method == "al" and cfg.data.name == "digits" and cfg.net.backbone == "mlp"
+
+
+@pytest.mark.parametrize(
+    ("raw", "needle"),
+    [
+        ({"method": "sgd"}, "method: got 'sgd'"),
+        ({"net": {"backbone": "vgg"}}, "net.backbone: got 'vgg'"),
+        ({"data": {"name": "mnist"}}, "data.name: unknown dataset 'mnist'"),
+        ({"eval": {"thresholds": [0.5, 1.5]}}, "eval.thresholds: thresholds [1.5] are outside [0, 1]"),
+        ({"net": {"blocks": 2, "widths": [64, 64, 64]}}, "net: widths has 3 entries but blocks is 2"),
+        ({"grow": {"schedule": [{"kind": "feature", "group": "chunk9"}]}}, "unknown feature group 'chunk9'"),
+        ({"trian": {}}, "trian: unknown field"),
+    ],
+)
+def test_bad_fields_name_the_field_and_the_fix(raw, needle):
+    with pytest.raises(ConfigError) as e:
+        build_config(raw)
+    assert needle in str(e.value)
+
+
+def test_all_errors_are_reported_together():
+    with pytest.raises(ConfigError) as e:
+        build_config({"method": "x", "net": {"backbone": "y"}, "data": {"batch_size": 0}})
+    text = str(e.value)
+    assert "3 problem(s)" in text
+    assert all(f in text for f in ("method:", "net.backbone:", "data.batch_size:"))
+    assert all(len(line) < 200 for line in text.splitlines())
+
+
+def test_feature_group_must_be_declared_and_not_base():
+    groups = {"scheme": "chunks", "count": 4, "base": 2}
+    ok = build_config(
+        {"data": {"feature_groups": groups}, "grow": {"schedule": [{"kind": "feature", "group": "chunk2"}]}}
+    )
+    assert ok.data.feature_groups.side_names() == ["chunk2", "chunk3"]
+    with pytest.raises(ConfigError, match="declares chunk2, chunk3"):
+        build_config(
+            {"data": {"feature_groups": groups}, "grow": {"schedule": [{"kind": "feature", "group": "chunk0"}]}}
+        )
+
+
+def test_set_overrides_switch_method_and_nested_fields(tmp_path: Path):
+    p = tmp_path / "c.yaml"
+    p.write_text("method: al\ntrain:\n  epochs: 3\n")
+    cfg = load_config(p, ["method=scpl", "train.lr=0.01", "eval.thresholds=[0.5, 0.9]"])
+    assert (cfg.method, cfg.train.lr, cfg.train.epochs, cfg.eval.thresholds) == ("scpl", 0.01, 3, [0.5, 0.9])
+    with pytest.raises(ConfigError, match="expected key=value"):
+        apply_overrides({}, ["train.lr"])
+
+
+def test_missing_or_malformed_file(tmp_path: Path):
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- just\n- a list\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(bad)
+
+
+def test_dump_round_trips():
+    cfg = build_config({"method": "dascpl", "net": {"blocks": 3}})
+    assert RunConfig.model_validate(__import__("yaml").safe_load(dump_config(cfg))) == cfg
+
+
+def test_every_shipped_config_validates_for_every_method():
+    files = sorted((REPO / "configs").glob("*.yaml"))
+    assert files, "configs/ holds the example configs"
+    for f in files:
+        for method in ("al", "scpl", "dascpl", "bp"):
+            load_config(f, [f"method={method}"])
+
+
+def test_an_example_config_exists_per_method_and_dataset():
+    names = {f.stem for f in (REPO / "configs").glob("*.yaml")}
+    for ds in ("digits", "fashion-mnist", "20newsgroups"):
+        for m in ("al", "scpl", "dascpl", "bp"):
+            assert f"{ds}-{m}" in names

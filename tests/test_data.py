@@ -1,0 +1,170 @@
+"""Loaders read small files the tests write; bad data gets a one-line error naming the fix."""
+
+import gzip
+import json
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from growpipe.config import DataSpec, FeatureGroupsSpec
+from growpipe.data import iterate_batches, load_data
+from growpipe.data.text import Vocab, tokenize
+from growpipe.errors import DataError
+from tests.conftest import text_frames, write_idx
+
+
+def test_digits_is_the_embedded_default():
+    b = load_data(DataSpec())
+    assert (len(b.train), len(b.test), b.num_classes, b.input_shape) == (1347, 450, 10, (1, 8, 8))
+
+
+def test_fashion_mnist_reads_idx_gz(fashion_dir: Path):
+    b = load_data(DataSpec(name="fashion-mnist", root=str(fashion_dir)))
+    assert (len(b.train), len(b.test), b.input_shape, b.num_classes) == (40, 20, (1, 28, 28), 10)
+    assert b.class_names[0] == "T-shirt/top"
+    assert abs(float(b.train.x.mean())) < 1e-4  # standardised with training statistics
+
+
+def test_fashion_mnist_truncated_file(fashion_dir: Path):
+    f = fashion_dir / "t10k-labels-idx1-ubyte.gz"
+    raw = gzip.decompress(f.read_bytes())
+    f.write_bytes(gzip.compress(raw[:-5]))
+    with pytest.raises(DataError, match="truncated"):
+        load_data(DataSpec(name="fashion-mnist", root=str(fashion_dir)))
+
+
+def test_fashion_mnist_labels_outside_range(fashion_dir: Path):
+    write_idx(fashion_dir / "train-labels-idx1-ubyte.gz", np.full(40, 12))
+    with pytest.raises(DataError, match=r"label 12 in the train split is outside \[0, 10\)"):
+        load_data(DataSpec(name="fashion-mnist", root=str(fashion_dir)))
+
+
+def test_missing_data_directory_names_the_field(tmp_path: Path):
+    with pytest.raises(DataError, match=r"data.root: .*nowhere does not exist"):
+        load_data(DataSpec(name="fashion-mnist", root=str(tmp_path / "nowhere")))
+    with pytest.raises(DataError, match="lacks train.parquet"):
+        load_data(DataSpec(name="20newsgroups", root=str(tmp_path)))
+
+
+def test_newsgroups_parquet_and_vocabulary(text_dir: Path):
+    b = load_data(DataSpec(name="20newsgroups", root=str(text_dir), vocab_size=10, max_len=16))
+    assert b.kind == "text" and b.input_shape == (16,) and b.input_dtype == "long"
+    assert len(b.vocab) == 10 and b.vocab.itos[:2] == ["<pad>", "<unk>"]
+    assert b.class_names == ["topic0", "topic1", "topic2"]
+    assert (b.train.x[:, 15] == 0).all()  # 15 tokens per document: padded at the end
+
+
+def test_vocab_and_tokenizer():
+    assert tokenize("Hello, World! It's 2 o'clock") == ["hello", "world", "it's", "2", "o'clock"]
+    v = Vocab.build(["a b b c", "b c"], size=4)
+    assert v.itos == ["<pad>", "<unk>", "b", "c"]
+    assert v.encode(["b z c"], 5).tolist() == [[2, 1, 3, 0, 0]]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv", "json"])
+def test_local_files_through_hugging_face_datasets(tmp_path: Path, fmt: str):
+    train, test = text_frames()
+    for name, df in (("train", train), ("test", test)):
+        path = tmp_path / f"{name}.{fmt}"
+        if fmt == "parquet":
+            df.to_parquet(path)
+        elif fmt == "csv":
+            df.to_csv(path, index=False)
+        else:
+            df.to_json(path, orient="records", lines=True)
+    b = load_data(DataSpec(name=f"{fmt}:{tmp_path}", max_len=20))
+    assert (len(b.train), len(b.test), b.num_classes, b.kind) == (60, 30, 3, "text")
+
+
+def test_tabular_csv_with_string_labels(tmp_path: Path):
+    rng = np.random.default_rng(0)
+    for name, n in (("train", 30), ("test", 12)):
+        df = pd.DataFrame(rng.normal(size=(n, 4)), columns=list("abcd"))
+        df["label"] = ["cat", "dog", "emu"] * (n // 3)
+        df.to_csv(tmp_path / f"{name}.csv", index=False)
+    b = load_data(DataSpec(name=f"csv:{tmp_path}", text_column="none"))
+    assert b.kind == "tabular" and b.input_shape == (4,) and b.class_names == ["cat", "dog", "emu"]
+
+
+def test_hf_local_dataset_directory(tmp_path: Path):
+    import datasets
+
+    train, test = text_frames(30, 9)
+    dd = datasets.DatasetDict(
+        {"train": datasets.Dataset.from_pandas(train), "test": datasets.Dataset.from_pandas(test)}
+    )
+    dd.save_to_disk(str(tmp_path / "hfdir"))
+    b = load_data(DataSpec(name=f"hf:{tmp_path / 'hfdir'}", max_len=8))
+    assert (len(b.train), len(b.test), b.num_classes) == (30, 9, 3)
+
+
+def test_hf_missing_dataset_is_one_line(tmp_path: Path):
+    with pytest.raises(DataError, match="cannot load Hugging Face dataset") as e:
+        load_data(DataSpec(name=f"hf:{tmp_path / 'no-such-dir'}"))
+    assert "\n" not in str(e.value)
+
+
+def test_cifar10_python_batches(tmp_path: Path):
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        entry = {"data": rng.integers(0, 255, (4, 3072), dtype=np.uint8), "labels": [0, 1, 2, 3]}
+        (folder / name).write_bytes(pickle.dumps(entry))
+    (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": [f"c{i}" for i in range(10)]}))
+    b = load_data(DataSpec(name="cifar10", root=str(tmp_path), verify_checksums=False))
+    assert (len(b.train), len(b.test), b.input_shape, b.num_classes) == (20, 4, (3, 32, 32), 10)
+    with pytest.raises(DataError, match="cifar10 not usable"):  # the real MD5s do not match these files
+        load_data(DataSpec(name="cifar10", root=str(tmp_path)))
+
+
+def test_empty_split(tmp_path: Path):
+    train, test = text_frames()
+    train.to_parquet(tmp_path / "train.parquet")
+    test.iloc[:0].to_parquet(tmp_path / "test.parquet")
+    with pytest.raises(DataError, match="the test split is empty"):
+        load_data(DataSpec(name=f"parquet:{tmp_path}"))
+
+
+def test_missing_label_column(text_dir: Path):
+    with pytest.raises(DataError, match="no label column 'topic'.*set data.label_column"):
+        load_data(DataSpec(name="20newsgroups", root=str(text_dir), label_column="topic"))
+
+
+def test_text_chunks_feature_groups(text_dir: Path):
+    groups = FeatureGroupsSpec(scheme="chunks", count=4, base=1)
+    b = load_data(DataSpec(name="20newsgroups", root=str(text_dir), max_len=16, feature_groups=groups))
+    assert b.input_shape == (4,) and sorted(b.train.side) == ["chunk1", "chunk2", "chunk3"]
+    assert b.side_shape("chunk2") == (4,) and b.side_dtype("chunk2") == "long"
+    p = next(iterate_batches(b.train, 8, shuffle=False, side_groups=("chunk3",)))
+    assert set(p.side) == {"chunk3"} and p.side["chunk3"].shape == (8, 4)
+
+
+def test_columns_feature_groups(tmp_path: Path):
+    rng = np.random.default_rng(0)
+    for name in ("train", "test"):
+        df = pd.DataFrame(rng.normal(size=(12, 6)), columns=list("abcdef"))
+        df["label"] = np.arange(12) % 2
+        df.to_parquet(tmp_path / f"{name}.parquet")
+    groups = FeatureGroupsSpec(scheme="columns", count=3, base=1)
+    b = load_data(DataSpec(name=f"parquet:{tmp_path}", feature_groups=groups))
+    assert b.input_shape == (2,) and b.side_shape("cols1") == (2,) and b.side_shape("cols2") == (2,)
+
+
+def test_batches_are_deterministic_per_seed_and_epoch():
+    b = load_data(DataSpec())
+    first = [p.y for p in iterate_batches(b.train, 100, shuffle=True, seed=3, epoch=1)]
+    again = [p.y for p in iterate_batches(b.train, 100, shuffle=True, seed=3, epoch=1)]
+    other = [p.y for p in iterate_batches(b.train, 100, shuffle=True, seed=3, epoch=2)]
+    assert all(torch.equal(a, c) for a, c in zip(first, again, strict=True))
+    assert not torch.equal(first[0], other[0])
+
+
+def test_limit_subsamples(tmp_path: Path):
+    b = load_data(DataSpec(limit_train=100, limit_test=50))
+    assert (len(b.train), len(b.test)) == (100, 50)
+    assert json.dumps(b.summary())
