@@ -78,3 +78,16 @@ def text_dir(tmp_path: Path) -> Path:
     train.to_parquet(d / "train.parquet")
     test.to_parquet(d / "test.parquet")
     return d
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray for the whole test run (4 logical CPUs: room for a few 1-CPU stages)."""
+    import ray
+
+    from growpipe.runtime import NAMESPACE
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=4, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()

@@ -36,10 +36,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(tr)
     tr.add_argument(
         "--runtime",
-        choices=["local"],
-        default="local",
-        help="local: the single-process reference trainer (the oracle)",
+        choices=["ray", "local"],
+        default="ray",
+        help="ray (default): one Ray actor per block, packets streamed actor to actor; "
+        "local: the single-process reference trainer (the oracle)",
     )
+    tr.add_argument(
+        "--address",
+        metavar="ADDR",
+        help="Ray cluster to join (e.g. auto, ray://host:10001; default: $RAY_ADDRESS, else an embedded local Ray)",
+    )
+    tr.add_argument("--trace-out", metavar="FILE", help="ray runtime: write the Chrome-trace timeline here (Perfetto)")
     tr.add_argument("--json-out", metavar="FILE", help="write the result JSON here")
     tr.add_argument("--save", metavar="DIR", help="write a checkpoint directory here (weights + manifest)")
     tr.add_argument("--quiet", "-q", action="store_true", help="no per-epoch progress lines")
@@ -70,17 +77,28 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from growpipe.checkpoint import save_checkpoint
     from growpipe.config import load_config
     from growpipe.fsutil import atomic_write_json
-    from growpipe.local import format_report, train_local
+    from growpipe.local import train_local
+    from growpipe.report import format_report, format_stage_table
 
     cfg = load_config(args.config, args.overrides)
-    result = train_local(cfg, progress=None if args.quiet else print)
-    summary = result.summary()
+    progress = None if args.quiet else print
+    if args.runtime == "local":
+        result = train_local(cfg, progress=progress)
+        summary, net = result.summary(), result.net
+    else:
+        from growpipe.runtime.pipeline import train_ray
+
+        summary, net = train_ray(cfg, args.address, progress, keep_net=bool(args.save))
     print(format_report(summary))
+    if "stages" in summary:
+        print(format_stage_table(summary["stages"]))
     if args.json_out:
         print(f"result JSON: {atomic_write_json(args.json_out, summary)}")
+    if args.trace_out and "timeline" in summary:
+        print(f"timeline: {atomic_write_json(args.trace_out, summary['timeline'])} (open in https://ui.perfetto.dev)")
     if args.save:
-        extra = {"growth": result.growth, "epochs": len(result.history)}
-        path = save_checkpoint(args.save, result.net, extra)
+        extra = {"growth": summary["growth"], "epochs": summary["epochs"]}
+        path = save_checkpoint(args.save, net, extra)
         print(f"checkpoint: {path}  (growpipe evaluate --checkpoint {path})")
     return 0
 
@@ -89,8 +107,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     from growpipe.checkpoint import load_checkpoint
     from growpipe.config import apply_overrides, build_config
     from growpipe.data import load_data
+    from growpipe.evaluation import evaluate_net
     from growpipe.fsutil import atomic_write_json
-    from growpipe.local import evaluate_net
 
     net, manifest = load_checkpoint(args.checkpoint)
     bad = [o for o in args.overrides if not o.split("=", 1)[0].startswith(("eval.", "data."))]

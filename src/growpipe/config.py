@@ -204,6 +204,25 @@ class EvalSpec(_Strict):
         return v
 
 
+class RuntimeSpec(_Strict):
+    """The Ray pipeline: one actor per block, packets handed from actor to actor."""
+
+    window: int = Field(4, ge=1, le=1024)
+    """Packets a stage keeps in flight to the next stage before it waits (backpressure)."""
+    cpus_per_stage: float = Field(1.0, gt=0)
+    """CPUs each stage actor reserves (and torch threads it uses) when it runs without a GPU."""
+    gpus_per_stage: float | None = Field(None, ge=0)
+    """GPUs per stage; default: 1 when the cluster has GPUs, else 0."""
+    placement: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    """Placement-group strategy for the stages across nodes."""
+    num_cpus: int | None = Field(None, ge=1)
+    """Embedded Ray only: logical CPUs to start it with (default: enough for every block the run will have)."""
+    stage_timeout_s: float = Field(300.0, gt=0)
+    """Longest wait for one packet downstream or one control call before the run fails."""
+    timeline_epoch: int = Field(1, ge=0)
+    """Epoch whose per-stage timeline is recorded as a Chrome trace (0: none)."""
+
+
 class RunConfig(_Strict):
     """A whole run: what to train, on what, how, and how it grows."""
 
@@ -221,6 +240,7 @@ class RunConfig(_Strict):
     scpl: SCPLSpec = SCPLSpec()
     grow: GrowSpec = GrowSpec()
     eval: EvalSpec = EvalSpec()
+    runtime: RuntimeSpec = RuntimeSpec()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:
@@ -236,6 +256,10 @@ class RunConfig(_Strict):
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device: {self.device!r} is not auto, cpu, cuda or cuda:N")
         return self
+
+    def max_blocks(self) -> int:
+        """Blocks the net has once the whole growth schedule has run."""
+        return self.net.blocks + len(self.grow.schedule)
 
     def total_epochs(self) -> int:
         """Epochs over the whole schedule (initial + every growth step)."""

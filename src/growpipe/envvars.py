@@ -9,3 +9,24 @@ GROWPIPE_DATA_DIR = "GROWPIPE_DATA_DIR"
 def data_dir() -> str | None:
     """The value of GROWPIPE_DATA_DIR, if set and non-empty."""
     return os.environ.get(GROWPIPE_DATA_DIR) or None
+
+
+GROWPIPE_FAULT_AT = "GROWPIPE_FAULT_AT"
+"""Fault injection for tests: "STAGE:STEP" makes that stage's block raise on its STEP-th packet (1-based)."""
+
+FORWARDED_PREFIX = "GROWPIPE_"
+"""Driver environment variables with this prefix are passed on to every actor of a run."""
+
+
+def forwarded() -> dict[str, str]:
+    """The GROWPIPE_* variables of this process, to hand to the actors of a run."""
+    return {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_PREFIX)}
+
+
+def fault_at() -> tuple[int, int] | None:
+    """(stage, step) from GROWPIPE_FAULT_AT, or None."""
+    raw = os.environ.get(GROWPIPE_FAULT_AT)
+    if not raw:
+        return None
+    stage, _, step = raw.partition(":")
+    return int(stage), int(step)

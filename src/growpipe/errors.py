@@ -22,3 +22,11 @@ class ShapeError(GrowpipeError, ValueError):
 
 class CheckpointError(GrowpipeError, ValueError):
     """A checkpoint is missing, incomplete or does not match the config."""
+
+
+class StageError(GrowpipeError, RuntimeError):
+    """A pipeline stage failed or died; the message names the stage, its block and the original error."""
+
+
+class PipelineError(GrowpipeError, RuntimeError):
+    """A pipeline run could not start or did not finish."""

@@ -19,9 +19,10 @@ import torch
 from growpipe.config import RunConfig
 from growpipe.data import DataBundle, iterate_batches, load_data
 from growpipe.device import resolve_device, set_cpu_threads
-from growpipe.nn.inference import collect_exits, evaluate_exits
+from growpipe.evaluation import evaluate_net
 from growpipe.nn.net import GrowableNet
 from growpipe.nn.specs import InputInfo
+from growpipe.report import epoch_row, format_epoch, summarize
 
 Progress = Callable[[str], None]
 
@@ -46,35 +47,16 @@ class TrainResult:
     samples_seen: int = 0
 
     def summary(self) -> dict[str, Any]:
-        """The result JSON: method, dataset, blocks, accuracy per exit, speed, history, growth, adaptive."""
-        cfg = self.net.cfg
-        ev = self.evaluation
-        return {
-            "method": cfg.method,
-            "dataset": cfg.data.name,
-            "backbone": cfg.net.backbone,
-            "blocks": self.net.depth,
-            "epochs": len(self.history),
-            "test_accuracy": ev["full_accuracy"],
-            "exit_depths": ev["exit_depths"],
-            "exit_accuracy": ev["exit_accuracy"],
-            "macs_per_exit": ev["macs_per_exit"],
-            "adaptive": ev["adaptive"],
-            "confidence": ev["confidence"],
-            "train_seconds": round(self.train_seconds, 3),
-            "samples_per_second": round(self.samples_seen / self.train_seconds, 1) if self.train_seconds else 0.0,
-            "seconds_per_epoch": round(self.train_seconds / max(len(self.history), 1), 3),
-            "history": self.history,
-            "growth": self.growth,
-            "config": cfg.model_dump(mode="json"),
-        }
-
-
-def evaluate_net(net: GrowableNet, bundle: DataBundle, cfg: RunConfig) -> dict[str, Any]:
-    """Per-exit and adaptive evaluation on the test split."""
-    batches = iterate_batches(bundle.test, 512, shuffle=False, side_groups=net.side_groups())
-    preds = collect_exits(net, batches)
-    return evaluate_exits(preds, cfg.eval.thresholds, cfg.eval.confidence, net.exit_costs())
+        """The result JSON (see growpipe.report.summarize)."""
+        return summarize(
+            self.net.cfg,
+            self.net.depth,
+            self.history,
+            self.growth,
+            self.evaluation,
+            self.train_seconds,
+            self.samples_seen,
+        )
 
 
 def _epoch(net: GrowableNet, bundle: DataBundle, cfg: RunConfig, epoch: int) -> tuple[dict[str, float], int, float]:
@@ -98,15 +80,6 @@ def _epoch(net: GrowableNet, bundle: DataBundle, cfg: RunConfig, epoch: int) -> 
     return {k: v / max(batches, 1) for k, v in sums.items()}, samples, seconds
 
 
-def _format_epoch(row: dict[str, Any]) -> str:
-    losses = " ".join(f"{k}={v:.3f}" for k, v in row["loss"].items())
-    accs = " ".join(f"@{d}={a:.4f}" for d, a in zip(row["exit_depths"], row["exit_accuracy"], strict=True))
-    return (
-        f"epoch {row['epoch']:>3}/{row['of']} | blocks {row['blocks']} (training {row['training']}) | "
-        f"loss {losses} | acc {accs} | {row['samples_per_second']:.0f} samples/s | {row['seconds']:.1f}s"
-    )
-
-
 def train_local(cfg: RunConfig, progress: Progress | None = print, bundle: DataBundle | None = None) -> TrainResult:
     """Train (and grow) a net in this process; return the trained net, its history and evaluation."""
     say = progress or (lambda _msg: None)
@@ -119,13 +92,14 @@ def train_local(cfg: RunConfig, progress: Progress | None = print, bundle: DataB
     say(f"net    {cfg.method} on {cfg.net.backbone}, {net.depth} blocks, device {device}")
     result = TrainResult(net=net, bundle=bundle)
     phases = [(None, cfg.train.epochs), *((s, s.epochs) for s in cfg.grow.schedule)]
-    total = cfg.total_epochs()
     epoch = 0
+    ev: dict[str, Any] | None = None
     for step, epochs in phases:
         acc_before = None
         if step is not None:
-            acc_before = evaluate_net(net, bundle, cfg)["full_accuracy"] if result.history else None
+            acc_before = result.history[-1]["test_accuracy"] if result.history else None
             block = net.grow(step)
+            ev = None
             say(f"grow   +{step.kind} block {block.index} ({block.spec.encoder.family}) -> {net.depth} blocks")
         for _ in range(epochs):
             epoch += 1
@@ -133,20 +107,10 @@ def train_local(cfg: RunConfig, progress: Progress | None = print, bundle: DataB
             result.train_seconds += seconds
             result.samples_seen += samples
             ev = evaluate_net(net, bundle, cfg)
-            row = {
-                "epoch": epoch,
-                "of": total,
-                "blocks": net.depth,
-                "training": sum(not b.frozen for b in net.blocks),
-                "loss": losses,
-                "exit_depths": ev["exit_depths"],
-                "exit_accuracy": ev["exit_accuracy"],
-                "test_accuracy": ev["full_accuracy"],
-                "samples_per_second": samples / seconds if seconds else 0.0,
-                "seconds": seconds,
-            }
+            training = sum(not b.frozen for b in net.blocks)
+            row = epoch_row(epoch, cfg, net.depth, training, losses, ev, samples, seconds)
             result.history.append(row)
-            say(_format_epoch(row))
+            say(format_epoch(row))
         if step is not None:
             acc_after = result.history[-1]["test_accuracy"] if epochs else None
             result.growth.append(
@@ -159,29 +123,5 @@ def train_local(cfg: RunConfig, progress: Progress | None = print, bundle: DataB
                     "acc_after": acc_after,
                 }
             )
-    result.evaluation = evaluate_net(net, bundle, cfg)
+    result.evaluation = ev or evaluate_net(net, bundle, cfg)  # the last epoch's, unless the net changed since
     return result
-
-
-def format_report(summary: dict[str, Any]) -> str:
-    """A short human-readable table of the result JSON."""
-    lines = [
-        f"{summary['method']} on {summary['dataset']} ({summary['backbone']}, {summary['blocks']} blocks, "
-        f"{summary['epochs']} epochs): test accuracy {summary['test_accuracy']:.4f}, "
-        f"{summary['samples_per_second']:.0f} samples/s, {summary['train_seconds']:.1f}s training",
-        "  exit depth  accuracy  MACs/sample",
-    ]
-    for d, a, m in zip(summary["exit_depths"], summary["exit_accuracy"], summary["macs_per_exit"], strict=True):
-        lines.append(f"  {d:>10}  {a:8.4f}  {m:>11,}")
-    if len(summary["exit_depths"]) > 1:
-        lines.append(f"  adaptive ({summary['confidence']}): threshold  accuracy  mean depth  MACs saved")
-        for r in summary["adaptive"]:
-            lines.append(
-                f"  {r['threshold']:>29.2f}  {r['accuracy']:8.4f}  {r['mean_depth']:10.2f}  "
-                f"{100 * r['macs_saved_fraction']:9.1f}%"
-            )
-    for g in summary["growth"]:
-        before = "n/a" if g["acc_before"] is None else f"{g['acc_before']:.4f}"
-        after = "n/a" if g["acc_after"] is None else f"{g['acc_after']:.4f}"
-        lines.append(f"  growth at epoch {g['epoch']}: +{g['kind']} -> {g['blocks']} blocks, acc {before} -> {after}")
-    return "\n".join(lines)

@@ -11,12 +11,14 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
-from growpipe.config import OptimSpec
+from growpipe.config import OptimSpec, RunConfig
 from growpipe.nn.backbones import build_encoder, dummy_input, dummy_side, head_features, output_shape
 from growpipe.nn.macs import count_macs
 from growpipe.nn.packet import Packet
@@ -34,14 +36,37 @@ def make_optimizer(params, optim: OptimSpec, lr: float | None = None) -> torch.o
     return torch.optim.Adam(params, lr=lr, weight_decay=optim.weight_decay)
 
 
+def block_seed(seed: int, index: int, step: int = -1) -> int:
+    """The RNG seed of block `index` at training step `step` (-1: its initial weights).
+
+    Every block draws its initial weights and its dropout masks from its own stream, so a block produces the
+    same numbers whether it runs in one process with the others or alone in a Ray actor.
+    """
+    return (seed * 1_000_003 + index * 10_007 + step + 1) % (2**63 - 1)
+
+
+@contextlib.contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """Run the body with torch's global RNG (CPU and current CUDA device) seeded, then restore it."""
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
 class Block:
-    """Base class: holds the encoder `f`, the rule's heads, and one optimizer per independent part."""
+    """Base class: holds the encoder `f`, the rule's heads, and one optimizer per independent part.
+
+    Rules implement `local_step`; `train_step` wraps it with the block's own RNG stream and step count.
+    """
 
     exit_decodes = False
 
-    def __init__(self, spec: BlockSpec, info: InputInfo):
+    def __init__(self, spec: BlockSpec, info: InputInfo, cfg: RunConfig):
         self.spec = spec
         self.info = info
+        self.seed = cfg.seed
+        self.steps = 0
         self.index = spec.index
         self.modules = nn.ModuleDict({"f": build_encoder(spec.encoder, info)})
         self.out_shape, _ = output_shape(spec.encoder, info)
@@ -67,6 +92,17 @@ class Block:
         return self.modules["f"](p.x, p.mask, p.side)
 
     def train_step(self, p: Packet) -> tuple[Packet, dict[str, float]]:
+        """One local learning step on `p` (a frozen block only forwards); returns the detached output."""
+        if self.frozen:
+            return self.forward(p), {}
+        self.modules.train()
+        with seeded(block_seed(self.seed, self.index, self.steps)):
+            out, metrics = self.local_step(p)
+        self.steps += 1
+        return out, metrics
+
+    def local_step(self, p: Packet) -> tuple[Packet, dict[str, float]]:
+        """The rule's forward, loss, backward and optimizer step (modules are in train mode)."""
         raise NotImplementedError
 
     @torch.no_grad()
@@ -127,10 +163,12 @@ class Block:
             "modules": self.modules.state_dict(),
             "optimizers": {k: o.state_dict() for k, o in self.optimizers.items()},
             "frozen": self.frozen,
+            "steps": self.steps,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.modules.load_state_dict(state["modules"])
+        self.steps = int(state.get("steps", 0))
         if state.get("frozen"):
             self.freeze()
         for k, s in state.get("optimizers", {}).items():

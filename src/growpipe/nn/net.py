@@ -8,12 +8,29 @@ import torch
 
 from growpipe.config import GrowStep, RunConfig
 from growpipe.errors import ShapeError
-from growpipe.nn.backbones import growth_encoder, plan_encoders
+from growpipe.nn.backbones import growth_encoder, output_shape, plan_encoders
 from growpipe.nn.block import Block
 from growpipe.nn.methods import RULES, build_block
 from growpipe.nn.methods.bp import train_chain
 from growpipe.nn.packet import Packet
 from growpipe.nn.specs import BlockSpec, InputInfo
+
+
+def plan_blocks(cfg: RunConfig, info: InputInfo) -> list[BlockSpec]:
+    """Specs of the initial blocks: the backbone cut into cfg.net.blocks pieces, exits as the rule wants."""
+    encoders = plan_encoders(cfg.net, info)
+    rule = RULES[cfg.method]
+    return [
+        BlockSpec(i, enc, rule.exit_everywhere or i == len(encoders) - 1, info.num_classes)
+        for i, enc in enumerate(encoders)
+    ]
+
+
+def plan_growth_block(cfg: RunConfig, info: InputInfo, last: BlockSpec, step: GrowStep) -> BlockSpec:
+    """The spec of the block a growth step appends on top of `last`."""
+    shape, _ = output_shape(last.encoder, info)
+    enc = growth_encoder(cfg.net, info, last.encoder, shape, step)
+    return BlockSpec(last.index + 1, enc, True, info.num_classes)
 
 
 class GrowableNet:
@@ -31,10 +48,8 @@ class GrowableNet:
     def build(cls, cfg: RunConfig, info: InputInfo, device: torch.device | str = "cpu") -> GrowableNet:
         """The initial net: the backbone cut into cfg.net.blocks blocks."""
         net = cls(cfg, info, device)
-        encoders = plan_encoders(cfg.net, info)
-        for i, enc in enumerate(encoders):
-            has_exit = net.rule.exit_everywhere or i == len(encoders) - 1
-            net.append(build_block(cfg, BlockSpec(i, enc, has_exit, info.num_classes), info))
+        for spec in plan_blocks(cfg, info):
+            net.append(build_block(cfg, spec, info))
         return net
 
     @classmethod
@@ -74,9 +89,7 @@ class GrowableNet:
 
     def plan_growth(self, step: GrowStep) -> BlockSpec:
         """The spec of the block a growth step would append."""
-        last = self.blocks[-1]
-        enc = growth_encoder(self.cfg.net, self.info, last.spec.encoder, last.out_shape, step)
-        return BlockSpec(len(self.blocks), enc, True, self.info.num_classes)
+        return plan_growth_block(self.cfg, self.info, self.blocks[-1].spec, step)
 
     def grow(self, step: GrowStep) -> Block:
         """Append the block a growth step describes; freeze the earlier ones when cfg.grow.freeze."""

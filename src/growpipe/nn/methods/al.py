@@ -42,7 +42,7 @@ class ALBlock(Block):
     exit_decodes = True
 
     def __init__(self, spec: BlockSpec, info: InputInfo, cfg: RunConfig):
-        super().__init__(spec, info)
+        super().__init__(spec, info, cfg)
         code = cfg.al.code_dim
         self.first = spec.index == 0
         label_in = spec.num_classes if self.first else code
@@ -74,10 +74,7 @@ class ALBlock(Block):
             raise ValueError(f"AL block {self.index} needs the label code t from block {self.index - 1}")
         return p.t
 
-    def train_step(self, p: Packet) -> tuple[Packet, dict[str, float]]:
-        if self.frozen:
-            return self.forward(p), {}
-        self.modules.train()
+    def local_step(self, p: Packet) -> tuple[Packet, dict[str, float]]:
         m = self.modules
         s, mask = self.encode(p)
         t_prev = self.label_input(p)

@@ -11,14 +11,14 @@ from torch import nn
 
 from growpipe.config import RunConfig
 from growpipe.nn.backbones import head_features
-from growpipe.nn.block import Block, make_optimizer
+from growpipe.nn.block import Block, block_seed, make_optimizer, seeded
 from growpipe.nn.packet import Packet
 from growpipe.nn.specs import BlockSpec, InputInfo
 
 
 class BPBlock(Block):
     def __init__(self, spec: BlockSpec, info: InputInfo, cfg: RunConfig):
-        super().__init__(spec, info)
+        super().__init__(spec, info, cfg)
         if spec.has_exit:
             self.modules["cls"] = nn.Linear(self.head_dim, spec.num_classes)
         self.optimizers = {"all": make_optimizer(self.modules.parameters(), cfg.train)}
@@ -31,8 +31,9 @@ class BPBlock(Block):
 
     def train_step(self, p: Packet) -> tuple[Packet, dict[str, float]]:
         """A block trained alone end to end (the only trainable block of its net)."""
-        out, metrics = train_chain([self], p)
-        return out, metrics
+        if self.frozen:
+            return self.forward(p), {}
+        return train_chain([self], p)
 
 
 def train_chain(blocks: list[BPBlock], p: Packet) -> tuple[Packet, dict[str, float]]:
@@ -41,14 +42,16 @@ def train_chain(blocks: list[BPBlock], p: Packet) -> tuple[Packet, dict[str, flo
     last = blocks[-1]
     if last.frozen or "cls" not in last.modules:
         raise ValueError(f"BP needs a trainable classifier on the last block (block {last.index})")
-    for b in blocks:
-        p = b.forward(p) if b.frozen else b.forward_with_grad(p)
-    logits = last.modules["cls"](head_features(p.x, p.mask))
-    loss = F.cross_entropy(logits, p.y)
     trainable = [b for b in blocks if not b.frozen]
-    for b in trainable:
-        b.optimizers["all"].zero_grad(set_to_none=True)
-    loss.backward()
-    for b in trainable:
-        b.optimizers["all"].step()
+    with seeded(block_seed(last.seed, last.index, last.steps)):
+        for b in blocks:
+            p = b.forward(p) if b.frozen else b.forward_with_grad(p)
+        logits = last.modules["cls"](head_features(p.x, p.mask))
+        loss = F.cross_entropy(logits, p.y)
+        for b in trainable:
+            b.optimizers["all"].zero_grad(set_to_none=True)
+        loss.backward()
+        for b in trainable:
+            b.optimizers["all"].step()
+            b.steps += 1
     return p.detached(), {"ce": loss.item()}

@@ -45,17 +45,14 @@ def make_projector(kind: str, in_dim: int, out_dim: int) -> nn.Module:
 
 class SCPLBlock(Block):
     def __init__(self, spec: BlockSpec, info: InputInfo, cfg: RunConfig):
-        super().__init__(spec, info)
+        super().__init__(spec, info, cfg)
         self.temperature = cfg.scpl.temperature
         self.modules["proj"] = make_projector(cfg.scpl.projector, self.head_dim, cfg.scpl.proj_dim)
         if spec.has_exit:
             self.modules["cls"] = nn.Linear(self.head_dim, spec.num_classes)
         self.optimizers = {"all": make_optimizer(self.modules.parameters(), cfg.train)}
 
-    def train_step(self, p: Packet) -> tuple[Packet, dict[str, float]]:
-        if self.frozen:
-            return self.forward(p), {}
-        self.modules.train()
+    def local_step(self, p: Packet) -> tuple[Packet, dict[str, float]]:
         s, mask = self.encode(p)
         feats = head_features(s, mask)
         z = F.normalize(self.modules["proj"](feats), dim=1)

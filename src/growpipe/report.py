@@ -1,0 +1,99 @@
+"""Result JSON and the human-readable lines printed during and after a run (shared by every runtime)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from growpipe.config import RunConfig
+
+
+def epoch_row(
+    epoch: int, cfg: RunConfig, blocks: int, training: int, losses: dict[str, float], ev: dict[str, Any],
+    samples: int, seconds: float,
+) -> dict[str, Any]:  # fmt: skip
+    """One entry of the run history."""
+    return {
+        "epoch": epoch,
+        "of": cfg.total_epochs(),
+        "blocks": blocks,
+        "training": training,
+        "loss": losses,
+        "exit_depths": ev["exit_depths"],
+        "exit_accuracy": ev["exit_accuracy"],
+        "test_accuracy": ev["full_accuracy"],
+        "samples_per_second": samples / seconds if seconds else 0.0,
+        "seconds": seconds,
+    }
+
+
+def summarize(
+    cfg: RunConfig, blocks: int, history: list[dict[str, Any]], growth: list[dict[str, Any]], ev: dict[str, Any],
+    train_seconds: float, samples_seen: int,
+) -> dict[str, Any]:  # fmt: skip
+    """The result JSON: method, dataset, blocks, accuracy per exit, speed, history, growth, adaptive."""
+    return {
+        "method": cfg.method,
+        "dataset": cfg.data.name,
+        "backbone": cfg.net.backbone,
+        "blocks": blocks,
+        "epochs": len(history),
+        "test_accuracy": ev["full_accuracy"],
+        "exit_depths": ev["exit_depths"],
+        "exit_accuracy": ev["exit_accuracy"],
+        "macs_per_exit": ev["macs_per_exit"],
+        "adaptive": ev["adaptive"],
+        "confidence": ev["confidence"],
+        "train_seconds": round(train_seconds, 3),
+        "samples_per_second": round(samples_seen / train_seconds, 1) if train_seconds else 0.0,
+        "seconds_per_epoch": round(train_seconds / max(len(history), 1), 3),
+        "history": history,
+        "growth": growth,
+        "config": cfg.model_dump(mode="json"),
+    }
+
+
+def format_epoch(row: dict[str, Any]) -> str:
+    """One progress line for an epoch row."""
+    losses = " ".join(f"{k}={v:.3f}" for k, v in row["loss"].items())
+    accs = " ".join(f"@{d}={a:.4f}" for d, a in zip(row["exit_depths"], row["exit_accuracy"], strict=True))
+    return (
+        f"epoch {row['epoch']:>3}/{row['of']} | blocks {row['blocks']} (training {row['training']}) | "
+        f"loss {losses} | acc {accs} | {row['samples_per_second']:.0f} samples/s | {row['seconds']:.1f}s"
+    )
+
+
+def format_report(summary: dict[str, Any]) -> str:
+    """A short human-readable table of the result JSON."""
+    lines = [
+        f"{summary['method']} on {summary['dataset']} ({summary['backbone']}, {summary['blocks']} blocks, "
+        f"{summary['epochs']} epochs): test accuracy {summary['test_accuracy']:.4f}, "
+        f"{summary['samples_per_second']:.0f} samples/s, {summary['train_seconds']:.1f}s training",
+        "  exit depth  accuracy  MACs/sample",
+    ]
+    for d, a, m in zip(summary["exit_depths"], summary["exit_accuracy"], summary["macs_per_exit"], strict=True):
+        lines.append(f"  {d:>10}  {a:8.4f}  {m:>11,}")
+    if len(summary["exit_depths"]) > 1:
+        lines.append(f"  adaptive ({summary['confidence']}): threshold  accuracy  mean depth  MACs saved")
+        for r in summary["adaptive"]:
+            lines.append(
+                f"  {r['threshold']:>29.2f}  {r['accuracy']:8.4f}  {r['mean_depth']:10.2f}  "
+                f"{100 * r['macs_saved_fraction']:9.1f}%"
+            )
+    for g in summary["growth"]:
+        before = "n/a" if g["acc_before"] is None else f"{g['acc_before']:.4f}"
+        after = "n/a" if g["acc_after"] is None else f"{g['acc_after']:.4f}"
+        lines.append(f"  growth at epoch {g['epoch']}: +{g['kind']} -> {g['blocks']} blocks, acc {before} -> {after}")
+    return "\n".join(lines)
+
+
+def format_stage_table(stages: list[dict[str, Any]]) -> str:
+    """The per-stage profile of a pipeline run as a short table."""
+    lines = ["  stage  block         samples/s   busy s  wait-in s  blocked s   util  hop ms  max in flight"]
+    for r in stages:
+        hop = "-" if r["hop_ms_median"] is None else f"{r['hop_ms_median']:.2f}"
+        lines.append(
+            f"  {r['stage']:>5}  {r['block']:<12}  {r['samples_per_second']:>9.0f}  {r['busy_s']:>7.1f}  "
+            f"{r['wait_input_s']:>9.1f}  {r['blocked_s']:>9.1f}  {100 * r['utilisation']:>4.0f}%  {hop:>6}  "
+            f"{r['max_inflight']:>13}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,415 @@
+"""Controller: owns the topology of a run's stage actors and drives it as an explicit state machine.
+
+States: STARTING (place and build the stages) -> TRAINING (one epoch per step) -> GROWING (append a stage)
+-> TRAINING ... -> FINISHED, or ERRORED from anywhere. `_step()` runs the current state's handler and
+returns (previous, next); `_set_state()` fires the callbacks. The controller is never on the per-batch path:
+stage 0 streams the epoch, the controller only starts it, waits, and gathers statistics.
+
+Controller is a plain class; `launch_controller` applies `ray.remote` (threaded, no CPU slot), so
+`progress()` and `status()` answer while `run()` is busy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import time
+from collections.abc import Callable
+from enum import Enum
+from typing import Any
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from growpipe import envvars
+from growpipe.config import GrowStep, RunConfig
+from growpipe.errors import GrowpipeError, PipelineError, StageError
+from growpipe.nn.net import plan_blocks, plan_growth_block
+from growpipe.nn.specs import BlockSpec, InputInfo
+from growpipe.report import epoch_row, format_epoch, summarize
+from growpipe.runtime import NAMESPACE
+from growpipe.runtime.stage import Stage
+
+
+class State(str, Enum):
+    STARTING = "starting"
+    TRAINING = "training"
+    GROWING = "growing"
+    FINISHED = "finished"
+    ERRORED = "errored"
+
+
+TERMINAL = (State.FINISHED, State.ERRORED)
+
+
+class ControllerCallback:
+    """Hooks for cross-cutting work (tracking, checkpoints); every method is optional."""
+
+    def on_state_change(self, prev: State, nxt: State) -> None: ...
+
+    def after_epoch(self, row: dict[str, Any]) -> None: ...
+
+    def on_growth(self, event: dict[str, Any]) -> None: ...
+
+    def on_finish(self, summary: dict[str, Any]) -> None: ...
+
+
+class _StageSlot:
+    """A launched stage: its actor handle, placement group and spec."""
+
+    def __init__(self, handle: Any, pg: Any, spec: BlockSpec | None, owns_pg: bool):
+        self.handle = handle
+        self.pg = pg
+        self.spec = spec
+        self.owns_pg = owns_pg
+        self.block_name = "?"
+
+
+class Controller:
+    """Builds the stages from the config, runs the epochs and the growth schedule, evaluates every exit."""
+
+    def __init__(self, cfg: RunConfig, run_name: str, callbacks: list[ControllerCallback] | None = None):
+        self.cfg = cfg
+        self.run_name = run_name
+        self.callbacks = list(callbacks or [])
+        self.state = State.STARTING
+        self.error: str | None = None
+        self._lock = threading.Lock()
+        self._lines: list[str] = []
+        self.slots: list[_StageSlot] = []
+        self.info: InputInfo | None = None
+        self.phases: list[tuple[GrowStep | None, int]] = [
+            (None, cfg.train.epochs),
+            *((s, s.epochs) for s in cfg.grow.schedule),
+        ]
+        self.phase = 0
+        self.epochs_done_in_phase = 0
+        self.epoch = 0
+        self.history: list[dict[str, Any]] = []
+        self.growth: list[dict[str, Any]] = []
+        self.stage_totals: dict[int, dict[str, Any]] = {}
+        self.timeline: list[dict[str, Any]] = []
+        self.train_seconds = 0.0
+        self.samples = 0
+        self.last_eval: dict[str, Any] | None = None
+        self.result: dict[str, Any] | None = None
+        self.final: dict[str, Any] | None = None
+        self._shared_pg: Any = None
+
+    # ---- the state machine ----------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        """Drive the run to FINISHED or ERRORED; return the result JSON or {'error': message}."""
+        try:
+            while self.state not in TERMINAL:
+                self._step()
+        finally:
+            self._cleanup()
+        if self.state is State.ERRORED:
+            return {"error": self.error}
+        return self.result or {}
+
+    def _step(self) -> tuple[State, State]:
+        prev = self.state
+        handler: dict[State, Callable[[], State]] = {
+            State.STARTING: self._starting,
+            State.TRAINING: self._training,
+            State.GROWING: self._growing,
+        }
+        try:
+            nxt = handler[prev]()
+        except (GrowpipeError, ray.exceptions.RayError, ValueError, RuntimeError) as e:
+            self.error = _describe(e)
+            self._say(f"error  {self.error}")
+            nxt = State.ERRORED
+        self._set_state(nxt)
+        return prev, nxt
+
+    def _set_state(self, nxt: State) -> None:
+        prev, self.state = self.state, nxt
+        if prev is not nxt:
+            for cb in self.callbacks:
+                cb.on_state_change(prev, nxt)
+
+    def _starting(self) -> State:
+        cfg = self.cfg
+        k = cfg.net.blocks
+        self._shared_pg = self._make_pg(k, cfg.runtime.placement)
+        first = self._launch(0, self._shared_pg, 0, owns_pg=False)
+        self.info, summary = self._get(first.handle.load_data.remote(), "stage 0 loading the data")
+        self._say(f"data   {summary}")
+        specs = plan_blocks(cfg, self.info)
+        self.slots = [first] + [self._launch(i, self._shared_pg, i, owns_pg=False) for i in range(1, k)]
+        for slot, spec in zip(self.slots, specs, strict=True):
+            slot.spec = spec
+        self._setup_and_wire(self.slots)
+        names = ", ".join(f"{s.block_name}" for s in self.slots)
+        self._say(
+            f"net    {cfg.method} on {cfg.net.backbone}: {k} stage actors ({names}), window {cfg.runtime.window}, "
+            f"{self._resources_text()}"
+        )
+        return self._after_phase_change()
+
+    def _training(self) -> State:
+        self.epoch += 1
+        record = self.epoch == self.cfg.runtime.timeline_epoch
+        side_groups = tuple(
+            s.spec.encoder.params["group"] for s in self.slots if s.spec and s.spec.encoder.family == "feature"
+        )
+        if record:
+            self._get_all([s.handle.start_recording.remote() for s in self.slots], "starting the timeline")
+        start = time.perf_counter()
+        epoch_ref = self.slots[0].handle.run_epoch.remote(self.epoch, side_groups)
+        stats = [self._wait_epoch(epoch_ref)]
+        for slot in self.slots[1:]:
+            stats.append(self._get(slot.handle.flush.remote(), f"stage {len(stats)} draining"))
+        seconds = time.perf_counter() - start
+        self.train_seconds += seconds
+        self.samples += stats[0]["samples"]
+        self._accumulate(stats, seconds, record)
+        ev = self._evaluate()
+        losses = {f"b{s['stage']}.{k}": v for s in stats for k, v in s["loss"].items()}
+        training = sum(1 for s in stats if s["loss"])
+        row = epoch_row(self.epoch, self.cfg, len(self.slots), training, losses, ev, stats[0]["samples"], seconds)
+        self.history.append(row)
+        self._say(format_epoch(row))
+        for cb in self.callbacks:
+            cb.after_epoch(row)
+        self.epochs_done_in_phase += 1
+        return self._after_phase_change()
+
+    def _after_phase_change(self) -> State:
+        """Next state once an epoch (or the start) is done: more epochs, the next growth step, or the end."""
+        if self.epochs_done_in_phase < self.phases[self.phase][1]:
+            return State.TRAINING
+        if self.phase + 1 < len(self.phases):
+            return State.GROWING
+        self._finish()
+        return State.FINISHED
+
+    def _growing(self) -> State:
+        self.phase += 1
+        self.epochs_done_in_phase = 0
+        step = self.phases[self.phase][0]
+        assert step is not None and self.info is not None
+        acc_before = self.history[-1]["test_accuracy"] if self.history else None
+        last = self.slots[-1]
+        spec = plan_growth_block(self.cfg, self.info, last.spec, step)
+        if self.cfg.grow.freeze:
+            self._get_all([s.handle.freeze.remote() for s in self.slots], "freezing the earlier stages")
+        pg = self._make_pg(1, "PACK")
+        slot = self._launch(spec.index, pg, 0, owns_pg=True)
+        slot.spec = spec
+        self._setup_and_wire([slot])
+        self._get(last.handle.set_downstream.remote(slot.handle), "rewiring the last stage")
+        self.slots.append(slot)
+        self.last_eval = None
+        event = {
+            "epoch": self.epoch,
+            "kind": step.kind,
+            "group": step.group,
+            "blocks": len(self.slots),
+            "acc_before": acc_before,
+            "acc_after": None,
+        }
+        self.growth.append(event)
+        self._say(f"grow   +{step.kind} stage {spec.index} ({slot.block_name}) -> {len(self.slots)} stages")
+        for cb in self.callbacks:
+            cb.on_growth(event)
+        return self._after_phase_change()
+
+    def _finish(self) -> None:
+        ev = self.last_eval or self._evaluate()
+        for g in self.growth:
+            after = [h for h in self.history if h["epoch"] > g["epoch"]]
+            g["acc_after"] = after[-1]["test_accuracy"] if after else None
+        summary = summarize(self.cfg, len(self.slots), self.history, self.growth, ev, self.train_seconds, self.samples)
+        summary["runtime"] = "ray"
+        summary["stages"] = self._stage_table()
+        hops = [s["hop_ms_median"] for s in summary["stages"] if s["hop_ms_median"] is not None]
+        summary["hop_overhead_ms"] = sorted(hops)[len(hops) // 2] if hops else None
+        summary["timeline"] = {"traceEvents": self.timeline, "displayTimeUnit": "ms"}
+        self.final = {
+            "topology": [s.spec.to_dict() for s in self.slots],
+            "info": self.info,
+            "states": self._get_all([s.handle.state_dict.remote() for s in self.slots], "collecting the weights"),
+        }
+        self.result = summary
+        for cb in self.callbacks:
+            cb.on_finish(summary)
+
+    # ---- stages -------------------------------------------------------------------------------------
+    def _use_gpus(self) -> float:
+        if self.cfg.runtime.gpus_per_stage is not None:
+            return self.cfg.runtime.gpus_per_stage
+        return 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
+
+    def _bundle(self) -> dict[str, float]:
+        gpus = self._use_gpus()
+        bundle = {"CPU": self.cfg.runtime.cpus_per_stage}
+        if gpus:
+            bundle["GPU"] = gpus
+        return bundle
+
+    def _resources_text(self) -> str:
+        b = self._bundle()
+        return ", ".join(f"{v:g} {k}" for k, v in b.items()) + " per stage"
+
+    def _make_pg(self, n: int, strategy: str) -> Any:
+        pg = placement_group([self._bundle() for _ in range(n)], strategy=strategy)
+        ready, _ = ray.wait([pg.ready()], timeout=self.cfg.runtime.stage_timeout_s)
+        if not ready:
+            remove_placement_group(pg)
+            have = ray.available_resources()
+            raise PipelineError(
+                f"cannot place {n} stage(s) of {self._bundle()} within {self.cfg.runtime.stage_timeout_s:g}s "
+                f"(available: CPU {have.get('CPU', 0):g}, GPU {have.get('GPU', 0):g}); "
+                "lower runtime.cpus_per_stage or add resources"
+            )
+        return pg
+
+    def _launch(self, index: int, pg: Any, bundle_index: int, owns_pg: bool) -> _StageSlot:
+        b = self._bundle()
+        actor = ray.remote(Stage).options(
+            name=f"{self.run_name}/stage{index}",
+            namespace=NAMESPACE,
+            num_cpus=b["CPU"],
+            num_gpus=b.get("GPU", 0),
+            max_concurrency=1,
+            runtime_env={"env_vars": envvars.forwarded()},
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=pg, placement_group_bundle_index=bundle_index
+            ),
+        )
+        return _StageSlot(actor.remote(index, self.cfg), pg, None, owns_pg)
+
+    def _setup_and_wire(self, slots: list[_StageSlot]) -> None:
+        names = self._get_all([s.handle.setup.remote(s.spec, self.info) for s in slots], "building the blocks")
+        for slot, name in zip(slots, names, strict=True):
+            slot.block_name = name
+        for up, down in zip(slots, slots[1:], strict=False):
+            self._get(up.handle.set_downstream.remote(down.handle), "wiring the stages")
+
+    def _wait_epoch(self, ref: Any) -> dict[str, Any]:
+        while True:
+            ready, _ = ray.wait([ref], timeout=1.0)
+            if ready:
+                return ray.get(ref)
+
+    def _evaluate(self) -> dict[str, Any]:
+        topology = [s.spec.to_dict() for s in self.slots]
+        states = [s.handle.state_dict.remote() for s in self.slots]
+        ev = self._get(self.slots[0].handle.evaluate.remote(topology, self.info, *states), "evaluating")
+        self.last_eval = ev
+        return ev
+
+    def _accumulate(self, stats: list[dict[str, Any]], seconds: float, record: bool) -> None:
+        for s in stats:
+            t = self.stage_totals.setdefault(
+                s["stage"],
+                {"stage": s["stage"], "block": s["block"], "samples": 0, "busy_s": 0.0, "wait_input_s": 0.0,
+                 "blocked_s": 0.0, "wall_s": 0.0, "hops": [], "max_inflight": 0},
+            )  # fmt: skip
+            for k in ("samples", "busy_s", "wait_input_s", "blocked_s"):
+                t[k] += s[k]
+            t["wall_s"] += seconds
+            t["max_inflight"] = max(t["max_inflight"], s["max_inflight"])
+            if s["hop_ms_median"] is not None:
+                t["hops"].append(s["hop_ms_median"])
+            if record:
+                self.timeline.extend(s["events"])
+
+    def _stage_table(self) -> list[dict[str, Any]]:
+        rows = []
+        for i in sorted(self.stage_totals):
+            t = self.stage_totals[i]
+            hops = sorted(t["hops"])
+            rows.append(
+                {
+                    "stage": i,
+                    "block": t["block"],
+                    "samples_per_second": t["samples"] / t["busy_s"] if t["busy_s"] else 0.0,
+                    "busy_s": round(t["busy_s"], 3),
+                    "wait_input_s": round(t["wait_input_s"], 3),
+                    "blocked_s": round(t["blocked_s"], 3),
+                    "utilisation": t["busy_s"] / t["wall_s"] if t["wall_s"] else 0.0,
+                    "hop_ms_median": hops[len(hops) // 2] if hops else None,
+                    "max_inflight": t["max_inflight"],
+                }
+            )
+        return rows
+
+    def _get(self, ref: Any, what: str) -> Any:
+        return self._get_all([ref], what)[0]
+
+    def _get_all(self, refs: list[Any], what: str) -> list[Any]:
+        timeout = self.cfg.runtime.stage_timeout_s
+        try:
+            return ray.get(refs, timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise PipelineError(f"{what} took more than runtime.stage_timeout_s={timeout:g}s") from None
+
+    def _cleanup(self) -> None:
+        for slot in self.slots:
+            ray.kill(slot.handle, no_restart=True)
+        for pg in [s.pg for s in self.slots if s.owns_pg] + ([self._shared_pg] if self._shared_pg else []):
+            with contextlib.suppress(Exception):  # already gone with a dead node: nothing left to release
+                remove_placement_group(pg)
+
+    # ---- read by the driver while run() is busy ---------------------------------------------------------
+    def _say(self, line: str) -> None:
+        with self._lock:
+            self._lines.append(line)
+
+    def progress(self, since: int = 0) -> tuple[list[str], str]:
+        """Progress lines from index `since` on, and the current state."""
+        with self._lock:
+            return self._lines[since:], self.state.value
+
+    def final_state(self) -> dict[str, Any] | None:
+        """After FINISHED: the topology, input description and every block's state (for checkpoints)."""
+        return self.final
+
+    def status(self) -> dict[str, Any]:
+        """A small snapshot: state, epoch, stages."""
+        return {
+            "run": self.run_name,
+            "state": self.state.value,
+            "epoch": self.epoch,
+            "stages": [{"index": s.spec.index if s.spec else None, "block": s.block_name} for s in self.slots],
+            "error": self.error,
+        }
+
+
+def _describe(e: BaseException) -> str:
+    """A one-line description of an error raised anywhere in the pipeline."""
+    if isinstance(e, ray.exceptions.RayTaskError):
+        cause = getattr(e, "cause", None)
+        if isinstance(cause, GrowpipeError | ValueError | RuntimeError):
+            return str(cause)
+    if isinstance(e, ray.exceptions.RayActorError):
+        return f"a stage actor died ({str(e).splitlines()[0]})"
+    if isinstance(e, StageError | GrowpipeError):
+        return str(e)
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+def launch_controller(cfg: RunConfig, run_name: str) -> Any:
+    """Start a run's controller actor: named (so `growpipe grow` finds it), threaded, no CPU slot."""
+    return (
+        ray.remote(Controller)
+        .options(
+            name=run_name,
+            namespace=NAMESPACE,
+            num_cpus=0,
+            max_concurrency=4,
+            runtime_env={"env_vars": envvars.forwarded()},
+        )
+        .remote(cfg, run_name)
+    )
+
+
+def logical_cpus_needed(cfg: RunConfig) -> int:
+    """CPUs an embedded Ray needs so every stage of the run (after growth) can be placed."""
+    return math.ceil(cfg.max_blocks() * cfg.runtime.cpus_per_stage)

@@ -1,0 +1,122 @@
+"""Driver-side handle of a Ray pipeline run: connect to (or start) Ray, launch the controller, follow its
+progress, return the result, clean up."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import ray
+
+from growpipe.config import RunConfig
+from growpipe.errors import PipelineError
+from growpipe.runtime import NAMESPACE
+from growpipe.runtime.controller import launch_controller, logical_cpus_needed
+
+POLL_S = 0.5
+
+
+def connect(cfg: RunConfig, address: str | None = None) -> bool:
+    """Make sure Ray is up: an existing connection, `address` / $RAY_ADDRESS, or an embedded local Ray.
+
+    Returns True when this call started or connected Ray (and so should shut it down).
+    """
+    if ray.is_initialized():
+        return False
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address:
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=True)
+        return True
+    cpus = cfg.runtime.num_cpus or max(os.cpu_count() or 1, logical_cpus_needed(cfg))
+    ray.init(num_cpus=cpus, namespace=NAMESPACE, include_dashboard=False, log_to_driver=True)
+    return True
+
+
+class Pipeline:
+    """One run on Ray: `train()` blocks until the controller finishes and returns the result JSON."""
+
+    def __init__(self, cfg: RunConfig, address: str | None = None, run_name: str | None = None):
+        self.cfg = cfg
+        self.address = address
+        self.run_name = run_name or cfg.name
+        self.controller: Any = None
+        self._owns_ray = False
+
+    def start(self) -> Pipeline:
+        """Connect to Ray and launch the controller (refuses a second live run with the same name)."""
+        self._owns_ray = connect(self.cfg, self.address)
+        try:
+            ray.get_actor(self.run_name, namespace=NAMESPACE)
+        except ValueError:
+            pass
+        else:
+            raise PipelineError(
+                f"a run named {self.run_name!r} is already running on this cluster; set name: to another"
+            )
+        self.controller = launch_controller(self.cfg, self.run_name)
+        return self
+
+    def train(self, progress: Callable[[str], None] | None = print) -> dict[str, Any]:
+        """Run to the end, printing the controller's progress lines; raise PipelineError if it fails."""
+        if self.controller is None:
+            self.start()
+        ref = self.controller.run.remote()
+        seen = 0
+        while True:
+            ready, _ = ray.wait([ref], timeout=POLL_S)
+            seen = self._drain(seen, progress)
+            if ready:
+                break
+        result = ray.get(ref)
+        self._drain(seen, progress)
+        if "error" in result:
+            raise PipelineError(result["error"])
+        return result
+
+    def final_net(self) -> Any:
+        """The trained net rebuilt in this process from the stages' final states (after train())."""
+        from growpipe.nn.net import GrowableNet
+
+        final = ray.get(self.controller.final_state.remote(), timeout=60)
+        if final is None:
+            raise PipelineError("the run has not finished; call train() first")
+        net = GrowableNet.from_topology(self.cfg, final["info"], final["topology"])
+        net.load_state_dict({"blocks": final["states"]})
+        return net
+
+    def _drain(self, seen: int, progress: Callable[[str], None] | None) -> int:
+        try:
+            lines, _ = ray.get(self.controller.progress.remote(seen), timeout=30)
+        except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
+            return seen
+        for line in lines:
+            if progress:
+                progress(line)
+        return seen + len(lines)
+
+    def stop(self) -> None:
+        """Kill the controller (its stages are already gone) and disconnect if this handle connected."""
+        if self.controller is not None:
+            ray.kill(self.controller, no_restart=True)
+            self.controller = None
+            time.sleep(0.1)  # let the name be released before a next run reuses it
+        if self._owns_ray:
+            ray.shutdown()
+            self._owns_ray = False
+
+    def __enter__(self) -> Pipeline:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def train_ray(
+    cfg: RunConfig, address: str | None = None, progress: Callable[[str], None] | None = print, keep_net: bool = False
+) -> tuple[dict[str, Any], Any]:
+    """Train on Ray; return the result JSON and (with keep_net) the trained net rebuilt in this process."""
+    with Pipeline(cfg, address) as p:
+        result = p.train(progress)
+        return result, (p.final_net() if keep_net else None)

@@ -1,0 +1,242 @@
+"""Stage: hosts one block and its optimizer in a Ray actor and streams packets to the next stage.
+
+A packet arrives by a direct actor call from the previous stage (`push`), is trained on, and its detached
+output is pushed on with `next_stage.push.remote(...)`: the driver and controller never touch batches.
+Each stage keeps at most `window` calls in flight downstream; when the window is full it waits for the
+oldest (backpressure), so a slow stage slows its producer instead of filling the object store.
+
+Stage is a plain class (testable without Ray); the controller applies `ray.remote` when it launches it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+import ray
+
+from growpipe import envvars
+from growpipe.config import RunConfig
+from growpipe.data import DataBundle, iterate_batches, load_data
+from growpipe.device import resolve_device, set_cpu_threads
+from growpipe.errors import StageError
+from growpipe.nn.block import Block
+from growpipe.nn.methods import build_block
+from growpipe.nn.packet import Packet
+from growpipe.nn.specs import BlockSpec, InputInfo
+
+
+class StageStats:
+    """Where a stage's time goes between two `take_stats` calls."""
+
+    def __init__(self) -> None:
+        self.samples = 0
+        self.batches = 0
+        self.busy_s = 0.0
+        self.wait_input_s = 0.0
+        self.blocked_s = 0.0
+        self.hops_ms: list[float] = []
+        self.max_inflight = 0
+        self.loss_sums: dict[str, float] = {}
+        self.events: list[dict[str, Any]] = []
+        self.last_end: float | None = None
+
+    def as_dict(self, index: int, block: str) -> dict[str, Any]:
+        hops = sorted(self.hops_ms)
+        return {
+            "stage": index,
+            "block": block,
+            "samples": self.samples,
+            "batches": self.batches,
+            "busy_s": self.busy_s,
+            "wait_input_s": self.wait_input_s,
+            "blocked_s": self.blocked_s,
+            "hop_ms_median": hops[len(hops) // 2] if hops else None,
+            "hops": len(hops),
+            "max_inflight": self.max_inflight,
+            "loss": {k: v / max(self.batches, 1) for k, v in self.loss_sums.items()},
+            "events": self.events,
+        }
+
+
+class Stage:
+    """One block in its own actor: trains on packets from upstream and pushes its output downstream."""
+
+    def __init__(self, index: int, cfg: RunConfig):
+        self.index = index
+        self.cfg = cfg
+        self.window = cfg.runtime.window
+        self.timeout_s = cfg.runtime.stage_timeout_s
+        self.device = resolve_device(cfg.device)
+        if self.device.type == "cpu":
+            set_cpu_threads(max(1, int(cfg.runtime.cpus_per_stage)))
+        self.block: Block | None = None
+        self.bundle: DataBundle | None = None
+        self.downstream: Any = None
+        self.inflight: deque[Any] = deque()
+        self.recording = False
+        self.stats = StageStats()
+        self.packets_seen = 0
+        fault = envvars.fault_at()
+        self.fault_step = fault[1] if fault and fault[0] == index else None
+
+    # ---- control ------------------------------------------------------------------------------------
+    def ping(self) -> int:
+        return self.index
+
+    def load_data(self) -> tuple[InputInfo, str]:
+        """Stage 0 reads the dataset itself; returns what the controller needs to plan the blocks."""
+        self.bundle = load_data(self.cfg.data)
+        return InputInfo.from_bundle(self.bundle), self.bundle.summary()
+
+    def setup(self, spec: BlockSpec, info: InputInfo, state: dict[str, Any] | None = None) -> str:
+        """Build this stage's block (same seed as the reference trainer) and optionally load its state."""
+        self.block = build_block(self.cfg, spec, info).to(self.device)
+        if state is not None:
+            self.block.load_state_dict(state)
+            self.block.to(self.device)
+        return type(self.block).__name__
+
+    def set_downstream(self, handle: Any) -> None:
+        """The next stage's actor handle (None for the last stage)."""
+        self.downstream = handle
+
+    def freeze(self) -> None:
+        """Stop learning: the block only forwards from now on."""
+        self._require_block().freeze()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The block's modules and optimizer state, on the CPU."""
+        self._require_block().to("cpu")
+        try:
+            return self._require_block().state_dict()
+        finally:
+            self._require_block().to(self.device)
+
+    # ---- the per-batch path -------------------------------------------------------------------------
+    def run_epoch(self, epoch: int, side_groups: tuple[str, ...]) -> dict[str, Any]:
+        """Stage 0: stream one epoch of training batches through the pipeline; returns this stage's stats."""
+        if self.bundle is None:
+            raise StageError(f"stage {self.index} has no data: only stage 0 reads the dataset")
+        batches = iterate_batches(
+            self.bundle.train,
+            self.cfg.data.batch_size,
+            shuffle=True,
+            seed=self.cfg.seed,
+            epoch=epoch,
+            side_groups=side_groups,
+        )
+        while True:
+            t0 = time.perf_counter()
+            p = next(batches, None)
+            self.stats.wait_input_s += time.perf_counter() - t0
+            if p is None:
+                break
+            self._process(p.to(self.device))
+        return self.flush()
+
+    def push(self, packet: Packet, sent_at: float) -> None:
+        """Called by the previous stage with one packet; trains on it and passes the output on."""
+        start = time.time()
+        if self.stats.last_end is not None:
+            free_at = max(sent_at, self.stats.last_end)
+            self.stats.hops_ms.append(max(0.0, (start - free_at) * 1000.0))
+            self.stats.wait_input_s += max(0.0, start - self.stats.last_end)
+        self._process(packet.to(self.device))
+
+    def flush(self) -> dict[str, Any]:
+        """Wait until everything sent downstream has been taken; return and reset this stage's stats."""
+        t0 = time.perf_counter()
+        while self.inflight:
+            self._wait_oldest()
+        self.stats.blocked_s += time.perf_counter() - t0
+        out = self.stats.as_dict(self.index, type(self.block).__name__ if self.block else "?")
+        self.stats = StageStats()
+        self.recording = False
+        return out
+
+    def start_recording(self) -> None:
+        """Record a timeline of the next packets (until the next flush)."""
+        self.recording = True
+
+    def _process(self, p: Packet) -> None:
+        block = self._require_block()
+        self.packets_seen += 1
+        t0 = time.time()
+        try:
+            if self.packets_seen == self.fault_step:
+                raise RuntimeError(f"injected failure ({envvars.GROWPIPE_FAULT_AT})")
+            out, metrics = block.train_step(p)
+        except Exception as e:  # any failure of the block, reported with the stage that hit it
+            raise StageError(
+                f"stage {self.index} (block {block.index}, {type(block).__name__}) failed: {type(e).__name__}: {e}"
+            ) from None
+        t1 = time.time()
+        st = self.stats
+        st.busy_s += t1 - t0
+        st.samples += p.batch_size
+        st.batches += 1
+        for k, v in metrics.items():
+            st.loss_sums[k] = st.loss_sums.get(k, 0.0) + v
+        if self.recording:
+            st.events.append(_event("train_step", self.index, t0, t1, {"batch": p.index}))
+        if self.downstream is not None:
+            self._send(out)
+        st.last_end = time.time()
+
+    def _send(self, out: Packet) -> None:
+        t0 = time.time()
+        while len(self.inflight) >= self.window:
+            self._wait_oldest()
+        t1 = time.time()
+        self.stats.blocked_s += t1 - t0
+        if self.recording and t1 - t0 > 1e-4:
+            self.stats.events.append(_event("blocked_downstream", self.index, t0, t1))
+        self.inflight.append(self.downstream.push.remote(out, time.time()))
+        self.stats.max_inflight = max(self.stats.max_inflight, len(self.inflight))
+
+    def _wait_oldest(self) -> None:
+        oldest = self.inflight[0]
+        ready, _ = ray.wait([oldest], num_returns=1, timeout=self.timeout_s, fetch_local=False)
+        if not ready:
+            raise StageError(
+                f"stage {self.index + 1} took more than runtime.stage_timeout_s={self.timeout_s:g}s for one packet; "
+                "raise it if its steps are that slow"
+            )
+        self.inflight.popleft()
+        try:
+            ray.get(oldest)
+        except ray.exceptions.RayTaskError as e:
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, StageError):
+                raise cause from None
+            raise StageError(f"stage {self.index + 1} failed: {cause or e}") from None
+        except ray.exceptions.RayActorError as e:
+            reason = str(e).splitlines()[0]
+            raise StageError(f"stage {self.index + 1} died ({reason})") from None
+
+    def _require_block(self) -> Block:
+        if self.block is None:
+            raise StageError(f"stage {self.index} has no block yet (setup was not called)")
+        return self.block
+
+    # ---- evaluation (stage 0 holds the data) --------------------------------------------------------
+    def evaluate(self, topology: list[dict[str, Any]], info: InputInfo, *states: dict[str, Any]) -> dict[str, Any]:
+        """Rebuild the whole net from every stage's state and evaluate every exit on the test split."""
+        from growpipe.evaluation import evaluate_net
+        from growpipe.nn.net import GrowableNet
+
+        if self.bundle is None:
+            raise StageError("evaluation runs on stage 0, which holds the data")
+        net = GrowableNet.from_topology(self.cfg, info, topology, self.device)
+        net.load_state_dict({"blocks": list(states)})
+        return evaluate_net(net, self.bundle, self.cfg)
+
+
+def _event(name: str, stage: int, t0: float, t1: float, args: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A Chrome-trace complete event (microseconds), one track per stage."""
+    ev = {"name": name, "ph": "X", "ts": t0 * 1e6, "dur": (t1 - t0) * 1e6, "pid": 0, "tid": stage}
+    if args:
+        ev["args"] = args
+    return ev

@@ -1,0 +1,127 @@
+"""The Ray pipeline on a real local Ray: exactness against the reference trainer, backpressure, failures."""
+
+import threading
+import time
+
+import pytest
+import ray
+import torch
+
+from growpipe.errors import PipelineError
+from growpipe.local import train_local
+from growpipe.runtime import NAMESPACE
+from growpipe.runtime.pipeline import Pipeline
+from tests.conftest import deep_merge, tiny_config
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+
+def _small(method: str, window: int, **extra):
+    base = {
+        "method": method,
+        "name": f"exact-{method}-{window}",
+        "threads": 1,
+        "data": {"limit_train": 320, "batch_size": 32},
+        "net": {"width": 32},
+        "train": {"epochs": 2},
+        "runtime": {"window": window},
+    }
+    return tiny_config(**deep_merge(base, extra))
+
+
+def _assert_same_weights(net_a, net_b, atol=0.0):
+    for a, b in zip(net_a.state_dict()["blocks"], net_b.state_dict()["blocks"], strict=True):
+        assert a["steps"] == b["steps"]
+        for k, v in a["modules"].items():
+            w = b["modules"][k]
+            assert torch.allclose(v, w, atol=atol, rtol=0), f"{k} differs by {(v - w).abs().max():.3g}"
+        for name, opt in a["optimizers"].items():
+            for pid, st in opt["state"].items():
+                for key, val in st.items():
+                    if torch.is_tensor(val):
+                        assert torch.allclose(val, b["optimizers"][name]["state"][pid][key], atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("window", [1, 4])
+@pytest.mark.parametrize("method", ["al", "scpl", "dascpl"])
+def test_pipeline_matches_reference_trainer(method, window):
+    cfg = _small(method, window)
+    reference = train_local(cfg, progress=None)
+    with Pipeline(cfg) as p:
+        result = p.train(progress=None)
+        net = p.final_net()
+    _assert_same_weights(reference.net, net, atol=1e-6)
+    assert result["test_accuracy"] == pytest.approx(reference.summary()["test_accuracy"], abs=1e-6)
+    assert result["runtime"] == "ray" and len(result["stages"]) == 2
+
+
+def test_growth_step_on_ray_matches_reference_and_reports_stages():
+    cfg = _small("dascpl", 2, grow={"schedule": [{"kind": "layer", "epochs": 1}]})
+    reference = train_local(cfg, progress=None)
+    lines: list[str] = []
+    with Pipeline(cfg) as p:
+        result = p.train(progress=lines.append)
+        net = p.final_net()
+    _assert_same_weights(reference.net, net, atol=1e-6)
+    assert result["blocks"] == 3 and result["growth"][0]["kind"] == "layer"
+    assert any(line.startswith("grow   +layer stage 2") for line in lines)
+    stages = result["stages"]
+    assert [s["stage"] for s in stages] == [0, 1, 2]
+    for s in stages:
+        assert 0 < s["utilisation"] <= 1 and s["busy_s"] > 0 and s["samples_per_second"] > 0
+    assert result["hop_overhead_ms"] is not None and result["hop_overhead_ms"] >= 0
+    events = result["timeline"]["traceEvents"]
+    assert {e["tid"] for e in events} == {0, 1} and all(e["ph"] == "X" and e["dur"] >= 0 for e in events)
+
+
+def test_backpressure_keeps_at_most_window_packets_in_flight():
+    cfg = _small("scpl", 2)
+    with Pipeline(cfg) as p:
+        result = p.train(progress=None)
+    assert all(1 <= s["max_inflight"] <= 2 for s in result["stages"][:-1])
+    assert result["stages"][-1]["max_inflight"] == 0
+
+
+def _actor_exists(name: str) -> bool:
+    try:
+        ray.get_actor(name, namespace=NAMESPACE)
+    except ValueError:
+        return False
+    return True
+
+
+def test_failing_block_stops_the_run_with_stage_and_error(monkeypatch):
+    monkeypatch.setenv("GROWPIPE_FAULT_AT", "1:3")
+    cfg = _small("al", 2, name="failing")
+    start = time.perf_counter()
+    with pytest.raises(PipelineError, match=r"stage 1 \(block 1, ALBlock\) failed: RuntimeError: injected failure"):
+        with Pipeline(cfg) as p:
+            p.train(progress=None)
+    assert time.perf_counter() - start < 60
+    assert not _actor_exists("failing/stage0") and not _actor_exists("failing/stage1")
+
+
+def test_killed_stage_fails_the_run_within_seconds():
+    cfg = _small("al", 4, name="killed", train={"epochs": 400})
+    errors: list[BaseException] = []
+    with Pipeline(cfg) as p:
+        thread = threading.Thread(target=lambda: _train_catching(p, errors))
+        thread.start()
+        deadline = time.time() + 120
+        while time.time() < deadline and ray.get(p.controller.status.remote())["epoch"] < 1:
+            time.sleep(0.2)
+        ray.kill(ray.get_actor("killed/stage1", namespace=NAMESPACE))
+        killed_at = time.perf_counter()
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+        assert time.perf_counter() - killed_at < 10
+    assert errors and isinstance(errors[0], PipelineError)
+    assert "stage 1 died" in str(errors[0]) or "actor died" in str(errors[0])
+    assert not _actor_exists("killed/stage0")
+
+
+def _train_catching(p: Pipeline, errors: list[BaseException]) -> None:
+    try:
+        p.train(progress=None)
+    except BaseException as e:  # handed to the test thread
+        errors.append(e)
