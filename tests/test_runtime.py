@@ -94,9 +94,9 @@ def test_failing_block_stops_the_run_with_stage_and_error(monkeypatch):
     monkeypatch.setenv("GROWPIPE_FAULT_AT", "1:3")
     cfg = _small("al", 2, name="failing")
     start = time.perf_counter()
-    with pytest.raises(PipelineError, match=r"stage 1 \(block 1, ALBlock\) failed: RuntimeError: injected failure"):
-        with Pipeline(cfg) as p:
-            p.train(progress=None)
+    needle = r"stage 1 \(block 1, ALBlock\) failed: RuntimeError: injected failure"
+    with pytest.raises(PipelineError, match=needle), Pipeline(cfg) as p:
+        p.train(progress=None)
     assert time.perf_counter() - start < 60
     assert not _actor_exists("failing/stage0") and not _actor_exists("failing/stage1")
 
