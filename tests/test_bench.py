@@ -29,3 +29,22 @@ def test_reference_benchmark_quick(tmp_path: Path):
     rows = json.loads(out.read_text())["rows"]
     assert [r["method"] for r in rows] == ["bp", "dascpl"]
     assert all(0 <= r["test_accuracy"] <= 1 and r["seconds_per_epoch"] > 0 for r in rows)
+
+
+def test_pipeline_benchmark_quick_writes_every_key(tmp_path: Path):
+    out = tmp_path / "pipeline.json"
+    cmd = ["bench", "pipeline", "--quick", "--batches", "6", "--json-out", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "growpipe.cli", *cmd],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    r = json.loads(out.read_text())
+    for key in ("speedup_vs_sequential", "ratio_vs_bp_threads", "ratio_vs_torch_gpipe", "hop_overhead_ms",
+                "stage_utilisation", "settings"):  # fmt: skip
+        assert key in r
+    assert len(r["stage_utilisation"]) == 2 and r["settings"]["stages"] == 2
+    assert all(v > 0 for v in r["cases"][0]["samples_per_second"].values())

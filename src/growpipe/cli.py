@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from growpipe.errors import GrowpipeError
 
@@ -62,6 +63,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="override eval.* or data.* fields, e.g. --set eval.thresholds=[0.8,0.9] --set eval.confidence=entropy",
     )
     ev.add_argument("--json-out", metavar="FILE", help="write the evaluation JSON here")
+
+    be = sub.add_parser(
+        "bench",
+        help="run a benchmark from bench/ (prints ratios, writes JSON)",
+        description="Run bench/NAME.py of this source checkout; the other arguments go to it (see NAME --help).",
+    )
+    be.add_argument("name", choices=sorted(BENCHES), help="pipeline: Ray pipeline vs sequential, BP, torch GPipe; "
+                    "reference: accuracy and seconds/epoch per learning rule")  # fmt: skip
+    be.add_argument("args", nargs=argparse.REMAINDER, help="e.g. --quick --json-out FILE")
 
     da = sub.add_parser("data", help="list datasets or check that one loads")
     dsub = da.add_subparsers(dest="data_command", required=True, metavar="ACTION")
@@ -133,6 +143,18 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+BENCHES = {"pipeline": "pipeline.py", "reference": "reference.py"}
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    import subprocess
+
+    script = Path(__file__).resolve().parents[2] / "bench" / BENCHES[args.name]
+    if not script.is_file():
+        raise GrowpipeError(f"bench: {script} not found; growpipe bench runs the scripts of a source checkout")
+    return subprocess.call([sys.executable, str(script), *args.args])
+
+
 def _cmd_data(args: argparse.Namespace) -> int:
     from growpipe.data import PREFIXES, REGISTRY, load_data
 
@@ -155,7 +177,7 @@ def _cmd_data(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `growpipe` console script."""
     args = build_parser().parse_args(argv)
-    handlers = {"train": _cmd_train, "evaluate": _cmd_evaluate, "data": _cmd_data}
+    handlers = {"train": _cmd_train, "evaluate": _cmd_evaluate, "data": _cmd_data, "bench": _cmd_bench}
     try:
         return handlers[args.command](args)
     except GrowpipeError as e:

@@ -1,0 +1,268 @@
+"""Pipeline benchmark: one MLP cut into K equal, compute-heavy blocks, trained on the same Fashion-MNIST
+batches four ways, compared as samples/s ratios measured in one run:
+
+  (a) growpipe's reference trainer, sequential, 1 torch thread            (local rule: SCPL)
+  (b) BP on the same layers, one process, K torch threads
+  (c) the growpipe Ray pipeline, K stage actors x 1 CPU                   (local rule: SCPL)
+  (d) torch.distributed.pipelining GPipe, K processes on gloo (BP, same layers, 4 micro-batches)
+
+plus the median per-hop overhead of (c) and its stage utilisation. Each figure is the median over the
+timed epochs (or step windows) after one warm-up. The block width is calibrated so one block step takes
+the target time on this machine.
+
+    .venv/bin/growpipe bench pipeline --quick --json-out bench/out/pipeline-quick.json
+    .venv/bin/python bench/pipeline.py --json-out bench/out/pipeline.json      # 20 ms and 10 ms steps
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from growpipe.config import RunConfig, build_config
+from growpipe.data import iterate_batches, load_data
+from growpipe.fsutil import atomic_write_json
+from growpipe.local import train_local
+from growpipe.nn.methods import build_block
+from growpipe.nn.net import plan_blocks
+from growpipe.nn.specs import InputInfo
+
+K = 2
+
+
+def bench_config(width: int, batches: int, epochs: int, batch_size: int, method: str = "scpl") -> RunConfig:
+    """The benchmark model: K MLP blocks of 2 layers of `width` units on flattened Fashion-MNIST."""
+    return build_config(
+        {
+            "name": f"bench-pipeline-{method}-{width}",
+            "method": method,
+            "seed": 0,
+            "threads": 1,
+            "data": {
+                "name": "fashion-mnist",
+                "batch_size": batch_size,
+                "limit_train": batches * batch_size,
+                "limit_test": 256,
+            },  # fmt: skip
+            "net": {"backbone": "mlp", "blocks": K, "width": width, "layers_per_block": 2},
+            "scpl": {"projector": "linear", "proj_dim": 128},
+            "train": {"epochs": epochs},
+            "runtime": {"window": 4, "cpus_per_stage": 1, "timeline_epoch": 0},
+        }
+    )
+
+
+def block_step_ms(width: int, batch_size: int) -> float:
+    """Median milliseconds of one train_step of the second (width x width) block, 1 thread."""
+    torch.set_num_threads(1)
+    cfg = bench_config(width, 8, 1, batch_size)
+    bundle = load_data(cfg.data)
+    info = InputInfo.from_bundle(bundle)
+    block = build_block(cfg, plan_blocks(cfg, info)[1], info)
+    x = torch.randn(batch_size, width)
+    y = torch.arange(batch_size) % 10
+    from growpipe.nn.packet import Packet
+
+    times = []
+    for i in range(8):
+        t0 = time.perf_counter()
+        block.train_step(Packet(x=x, y=y, index=i))
+        times.append(time.perf_counter() - t0)
+    return 1000 * statistics.median(times[2:])
+
+
+def calibrate(target_ms: float, batch_size: int) -> tuple[int, float]:
+    """The smallest width (multiple of 128) whose block step takes at least target_ms."""
+    width = 256
+    ms = block_step_ms(width, batch_size)
+    while ms < target_ms and width < 8192:
+        width = int(width * max(1.15, min(2.0, (target_ms / ms) ** 0.5)) // 128 * 128) + 128
+        ms = block_step_ms(width, batch_size)
+    return width, ms
+
+
+def epoch_rates(history: list[dict[str, Any]]) -> list[float]:
+    """Samples/s of every epoch after the first (warm-up)."""
+    return [h["samples_per_second"] for h in history[1:]] or [history[0]["samples_per_second"]]
+
+
+def run_sequential(cfg: RunConfig) -> float:
+    return statistics.median(epoch_rates(train_local(cfg, progress=None).history))
+
+
+def run_bp_threads(cfg: RunConfig) -> float:
+    bp = cfg.model_copy(update={"method": "bp", "threads": K})
+    rate = statistics.median(epoch_rates(train_local(bp, progress=None).history))
+    torch.set_num_threads(1)
+    return rate
+
+
+def run_ray(cfg: RunConfig) -> dict[str, Any]:
+    from growpipe.runtime.pipeline import Pipeline
+
+    with Pipeline(cfg) as p:
+        result = p.train(progress=None)
+    return {
+        "samples_per_second": statistics.median(epoch_rates(result["history"])),
+        "hop_overhead_ms": result["hop_overhead_ms"],
+        "stage_utilisation": [round(s["utilisation"], 4) for s in result["stages"]],
+        "stages": result["stages"],
+    }
+
+
+# ---- (d) torch.distributed.pipelining GPipe ------------------------------------------------------------
+
+
+def _gpipe_layers(cfg: RunConfig, rank: int, in_features: int) -> torch.nn.Module:
+    width = cfg.net.width
+    torch.manual_seed(rank)
+    layers: list[torch.nn.Module] = []
+    for i in range(cfg.net.layers_per_block):
+        layers += [torch.nn.Linear(in_features if (rank == 0 and i == 0) else width, width), torch.nn.ReLU()]
+    if rank == K - 1:
+        layers.append(torch.nn.Linear(width, 10))
+    return torch.nn.Sequential(*layers)
+
+
+def _gpipe_worker(rank: int, cfg: RunConfig, port: int, steps: int, out_path: str) -> None:
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=K)
+    try:
+        bundle = load_data(cfg.data)
+        in_features = int(torch.tensor(bundle.input_shape).prod())
+        module = _gpipe_layers(cfg, rank, in_features)
+        stage = PipelineStage(module, rank, K, torch.device("cpu"))
+        micro = 4
+        schedule = ScheduleGPipe(stage, n_microbatches=micro, loss_fn=torch.nn.functional.cross_entropy)
+        opt = torch.optim.Adam(module.parameters(), lr=cfg.train.lr)
+        batches = list(iterate_batches(bundle.train, cfg.data.batch_size, shuffle=True, seed=cfg.seed))
+        batches = [b for b in batches if b.batch_size == cfg.data.batch_size]
+        stamps = []
+        for i in range(steps):
+            p = batches[i % len(batches)]
+            opt.zero_grad()
+            if rank == 0:
+                schedule.step(p.x.flatten(1))
+            else:
+                schedule.step(target=p.y)
+            opt.step()
+            stamps.append(time.perf_counter())
+        dist.barrier()
+        if rank == 0:
+            windows = len(batches)
+            rates = []
+            for start in range(windows, steps - windows + 1, windows):  # skip the first window (warm-up)
+                rates.append(windows * cfg.data.batch_size / (stamps[start + windows - 1] - stamps[start - 1]))
+            Path(out_path).write_text(str(statistics.median(rates)))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_torch_gpipe(cfg: RunConfig, epochs: int) -> float:
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    batches = cfg.data.limit_train // cfg.data.batch_size
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "rate"
+        mp.spawn(_gpipe_worker, args=(cfg, port, batches * epochs, str(out)), nprocs=K, join=True)
+        return float(out.read_text())
+
+
+# ---- driver ------------------------------------------------------------------------------------------
+
+
+def measure(target_ms: float, batches: int, epochs: int, batch_size: int) -> dict[str, Any]:
+    """All four figures for one block-step target."""
+    width, ms = calibrate(target_ms, batch_size)
+    cfg = bench_config(width, batches, epochs, batch_size)
+    print(f"-- target {target_ms:g} ms: width {width}, block step {ms:.1f} ms, batch {batch_size}", flush=True)
+    seq = run_sequential(cfg)
+    print(f"   (a) sequential reference, 1 thread   {seq:8.0f} samples/s", flush=True)
+    bp = run_bp_threads(cfg)
+    print(f"   (b) BP, one process, {K} threads      {bp:8.0f} samples/s", flush=True)
+    ray_fig = run_ray(cfg)
+    pipe = ray_fig["samples_per_second"]
+    print(f"   (c) growpipe Ray pipeline, {K} stages {pipe:8.0f} samples/s", flush=True)
+    gpipe = run_torch_gpipe(cfg, epochs)
+    print(f"   (d) torch GPipe, {K} procs, gloo      {gpipe:8.0f} samples/s", flush=True)
+    act_kb = batch_size * width * 4 / 1024
+    row = {
+        "target_step_ms": target_ms,
+        "block_step_ms": round(ms, 2),
+        "width": width,
+        "activation_kb": act_kb,
+        "samples_per_second": {"sequential": seq, "bp_threads": bp, "growpipe_ray": pipe, "torch_gpipe": gpipe},
+        "speedup_vs_sequential": pipe / seq,
+        "ratio_vs_bp_threads": pipe / bp,
+        "ratio_vs_torch_gpipe": pipe / gpipe,
+        "hop_overhead_ms": ray_fig["hop_overhead_ms"],
+        "stage_utilisation": ray_fig["stage_utilisation"],
+    }
+    print(
+        f"   c/a {row['speedup_vs_sequential']:.2f}  c/b {row['ratio_vs_bp_threads']:.2f}  "
+        f"c/d {row['ratio_vs_torch_gpipe']:.2f}  hop {row['hop_overhead_ms']:.2f} ms  "
+        f"utilisation {row['stage_utilisation']}  activation {act_kb:.0f} KB",
+        flush=True,
+    )
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Pipeline benchmark: Ray pipeline vs sequential, BP threads, torch GPipe")
+    ap.add_argument("--quick", action="store_true", help="only the >= 20 ms case, few batches (< 60 s)")
+    ap.add_argument("--json-out", metavar="FILE", help="write the figures as JSON")
+    ap.add_argument("--batches", type=int, help="batches per epoch (default: 12 quick, 40 full)")
+    ap.add_argument("--epochs", type=int, help="epochs per measurement, the first is warm-up (default 3 / 4)")
+    ap.add_argument("--batch-size", type=int, default=64)
+    args = ap.parse_args(argv)
+    batches = args.batches or (12 if args.quick else 40)
+    epochs = args.epochs or (3 if args.quick else 4)
+    targets = [20.0] if args.quick else [20.0, 10.0]
+    start = time.perf_counter()
+    rows = [measure(t, batches, epochs, args.batch_size) for t in targets]
+    main_row = rows[0]
+    out = {
+        "speedup_vs_sequential": main_row["speedup_vs_sequential"],
+        "ratio_vs_bp_threads": main_row["ratio_vs_bp_threads"],
+        "ratio_vs_torch_gpipe": main_row["ratio_vs_torch_gpipe"],
+        "hop_overhead_ms": main_row["hop_overhead_ms"],
+        "stage_utilisation": main_row["stage_utilisation"],
+        "cases": rows,
+        "settings": {
+            "stages": K,
+            "method": "scpl",
+            "batch_size": args.batch_size,
+            "batches_per_epoch": batches,
+            "epochs": epochs,
+            "window": 4,
+            "quick": args.quick,
+            "cpus": os.cpu_count(),
+            "torch": torch.__version__,
+        },
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+    print(f"done in {out['seconds']} s")
+    if args.json_out:
+        print(f"JSON: {atomic_write_json(args.json_out, out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
