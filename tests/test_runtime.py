@@ -64,7 +64,7 @@ def test_growth_step_on_ray_matches_reference_and_reports_stages():
         net = p.final_net()
     _assert_same_weights(reference.net, net, atol=1e-6)
     assert result["blocks"] == 3 and result["growth"][0]["kind"] == "layer"
-    assert any(line.startswith("grow   +layer stage 2") for line in lines)
+    assert any(line.startswith("grow   +layer block 2 (mlp) -> 3 blocks, stage actor 2") for line in lines)
     stages = result["stages"]
     assert [s["stage"] for s in stages] == [0, 1, 2]
     for s in stages:

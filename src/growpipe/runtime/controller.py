@@ -214,7 +214,10 @@ class Controller:
             "acc_after": None,
         }
         self.growth.append(event)
-        self._say(f"grow   +{step.kind} stage {spec.index} ({slot.block_name}) -> {len(self.slots)} stages")
+        self._say(
+            f"grow   +{step.kind} block {spec.index} ({spec.encoder.family}) -> {len(self.slots)} blocks, "
+            f"stage actor {spec.index} ({slot.block_name})"
+        )
         for cb in self.callbacks:
             cb.on_growth(event)
         return self._after_phase_change()
