@@ -19,6 +19,7 @@ demo: $(STAMP)
 ## test: lint, then the whole test suite
 test: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/pytest -q
 
 lint: $(STAMP)

@@ -232,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epochs", type=int, help="epochs per measurement, the first is warm-up (default 3 / 4)")
     ap.add_argument("--batch-size", type=int, default=64)
     args = ap.parse_args(argv)
+    if args.epochs is not None and args.epochs < 2:
+        ap.error("--epochs must be at least 2: the first epoch is warm-up and is not measured")
     batches = args.batches or (12 if args.quick else 40)
     epochs = args.epochs or (3 if args.quick else 4)
     targets = [20.0] if args.quick else [20.0, 10.0]

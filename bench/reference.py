@@ -29,7 +29,9 @@ def run_suite(suite: str, methods: list[str], overrides: list[str], progress: bo
     for method in methods:
         config = REPO / "configs" / f"{suite}-{method}.yaml"
         cfg = load_config(config, overrides)
-        command = " ".join(["growpipe train", f"--config configs/{config.name}", *(f"--set {o}" for o in overrides)])
+        command = " ".join(
+            ["growpipe train --runtime local", f"--config configs/{config.name}", *(f"--set {o}" for o in overrides)]
+        )
         print(f"== {suite} / {method}: {command}", flush=True)
         start = time.perf_counter()
         s = train_local(cfg, progress=print if progress else None).summary()

@@ -15,7 +15,7 @@ FAST = ["--set", "net.width=32", "--set", "train.epochs=1", "--set", "al.code_di
 def test_train_writes_result_json_and_checkpoint_then_evaluate(tmp_path: Path, capsys):
     out, ck = tmp_path / "r" / "result.json", tmp_path / "ck"
     grow = ["--set", "grow.schedule=[{kind: layer, epochs: 1}]"]
-    assert main(["train", *FAST, *grow, "--json-out", str(out), "--save", str(ck)]) == 0
+    assert main(["train", *FAST, *grow, "--json-out", str(out), "--save", str(ck)]) == 0  # on Ray
     text = capsys.readouterr().out
     assert "epoch   1/2" in text and "grow   +layer block 2" in text
     r = json.loads(out.read_text())
@@ -98,3 +98,35 @@ def test_help_lists_commands(capsys):
         main(["--help"])
     out = capsys.readouterr().out
     assert all(c in out for c in ("train", "evaluate", "data"))
+
+
+def test_evaluate_refuses_overrides_and_data_the_checkpoint_was_not_trained_on(tmp_path: Path, capsys):
+    ck = tmp_path / "ck"
+    assert main(["train", "--runtime", "local", *FAST, "--save", str(ck)]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", "--checkpoint", str(ck), "--set", "net.blocks=4"]) == 2
+    assert "evaluate takes eval.* and data.root" in capsys.readouterr().err
+    fm = tmp_path / "fm"
+    fm.mkdir()
+    import numpy as np
+
+    from tests.conftest import write_idx
+
+    for name, n in (("train-images-idx3-ubyte.gz", 20), ("t10k-images-idx3-ubyte.gz", 10)):
+        write_idx(fm / name, np.zeros((n, 28, 28)))
+    for name, n in (("train-labels-idx1-ubyte.gz", 20), ("t10k-labels-idx1-ubyte.gz", 10)):
+        write_idx(fm / name, np.arange(n) % 10)
+    manifest = json.loads((ck / "manifest.json").read_text())
+    manifest["config"]["data"]["name"] = "fashion-mnist"  # same checkpoint, other data: shapes differ
+    (ck / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["evaluate", "--checkpoint", str(ck), "--set", f"data.root={fm}"]) == 2
+    assert (
+        "the loaded data's shape is [1, 28, 28] but the checkpoint was trained on [1, 8, 8]" in capsys.readouterr().err
+    )
+
+
+def test_bp_is_refused_on_the_ray_runtime_before_anything_starts(capsys):
+    assert main(["train", "--set", "method=bp"]) == 2
+    assert (
+        "method: bp trains end to end and is not pipelined on Ray yet; use --runtime local" in capsys.readouterr().err
+    )

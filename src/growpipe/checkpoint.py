@@ -40,7 +40,12 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not (p / "manifest.json").is_file() or not (p / "state.pt").is_file():
         raise CheckpointError(f"checkpoint: {p} is not a checkpoint (needs manifest.json and state.pt)")
-    manifest = json.loads((p / "manifest.json").read_text())
+    try:
+        manifest = json.loads((p / "manifest.json").read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(
+            f"checkpoint: {p}/manifest.json is not valid JSON ({e.msg}); the checkpoint is damaged"
+        ) from None
     if manifest.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(
             f"checkpoint: {p} has format {manifest.get('format_version')}, this growpipe reads {FORMAT_VERSION}"

@@ -96,8 +96,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
         result = train_local(cfg, progress=progress)
         summary, net = result.summary(), result.net
     else:
-        from growpipe.runtime.pipeline import train_ray
+        from growpipe.runtime.pipeline import check_runtime_supports, train_ray
 
+        check_runtime_supports(cfg)
         summary, net = train_ray(cfg, args.address, progress, keep_net=bool(args.save))
     print(format_report(summary))
     if "stages" in summary:
@@ -117,16 +118,29 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     from growpipe.checkpoint import load_checkpoint
     from growpipe.config import apply_overrides, build_config
     from growpipe.data import load_data
+    from growpipe.errors import CheckpointError
     from growpipe.evaluation import evaluate_net
     from growpipe.fsutil import atomic_write_json
+    from growpipe.nn.specs import InputInfo
 
     net, manifest = load_checkpoint(args.checkpoint)
-    bad = [o for o in args.overrides if not o.split("=", 1)[0].startswith(("eval.", "data."))]
+    allowed = ("eval.", "data.root", "data.download", "data.limit_test")
+    bad = [o for o in args.overrides if not o.split("=", 1)[0].strip().startswith(allowed)]
     if bad:
-        raise GrowpipeError(f"--set {bad[0]}: evaluate only takes eval.* and data.* overrides")
+        raise GrowpipeError(
+            f"--set {bad[0]}: evaluate takes eval.* and data.root / data.download / data.limit_test only; "
+            "the rest is fixed by the checkpoint"
+        )
     cfg = build_config(apply_overrides(manifest["config"], args.overrides), "checkpoint config + --set")
     net.cfg = cfg
     bundle = load_data(cfg.data)
+    found = InputInfo.from_bundle(bundle).to_dict()
+    for key, want in manifest["input"].items():
+        if found.get(key) != want:
+            raise CheckpointError(
+                f"data: the loaded data's {key} is {found.get(key)} but the checkpoint was trained on {want}; "
+                "point data.root at the data it was trained on"
+            )
     ev = evaluate_net(net, bundle, cfg)
     print(f"{cfg.method} on {cfg.data.name}: {net.depth} blocks, full-path accuracy {ev['full_accuracy']:.4f}")
     print("  exit depth  accuracy  MACs/sample")

@@ -15,11 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from growpipe.errors import ConfigError
 
-METHODS = ("al", "scpl", "dascpl", "bp")
-BACKBONES = ("mlp", "cnn", "resnet18", "embedding", "lstm", "transformer")
 DATASET_NAMES = ("digits", "fashion-mnist", "20newsgroups", "cifar10", "cifar100")
 DATASET_PREFIXES = ("hf:", "parquet:", "csv:", "json:")
-GROUP_SCHEMES = ("none", "bands", "channels", "columns", "chunks")
 
 
 class _Strict(BaseModel):
@@ -119,8 +116,10 @@ class NetSpec(_Strict):
                 )
             if any(w < 1 for w in self.widths):
                 raise ValueError("widths must all be >= 1")
-        if self.backbone == "transformer" and self.width % self.heads:
-            raise ValueError(f"width ({self.width}) must be divisible by heads ({self.heads}) for a transformer")
+        if self.backbone == "transformer":
+            bad = [w for w in [self.width, *(self.widths or [])] if w % self.heads]
+            if bad:
+                raise ValueError(f"widths {bad} must be divisible by heads ({self.heads}) for a transformer")
         if self.backbone == "resnet18" and self.blocks > 8:
             raise ValueError(f"resnet18 has 8 residual units; blocks={self.blocks} is more, use 1..8")
         return self
@@ -169,7 +168,8 @@ class GrowStep(_Strict):
     group: str | None = None
     """Feature group the new block receives (kind=feature)."""
     width: int | None = Field(None, ge=1)
-    """Width of the new block (default: the net's width)."""
+    """Width of the new block: MLP/LSTM/feature units (default net.width) or conv channels (default: the
+    previous block's); a transformer block keeps the model size of the one below."""
 
     @model_validator(mode="after")
     def _group_for_feature(self) -> GrowStep:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from growpipe.errors import ConfigError
+
 
 def resolve_device(preference: str = "auto") -> torch.device:
     """Map a config's `device` (auto, cpu, cuda, cuda:N) to a torch.device.
@@ -15,7 +17,7 @@ def resolve_device(preference: str = "auto") -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(preference)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"device: {preference!r} asked for but torch sees no CUDA device; use device: auto or cpu")
+        raise ConfigError(f"device: {preference!r} asked for but torch sees no CUDA device; use device: auto or cpu")
     return dev
 
 

@@ -29,4 +29,6 @@ def fault_at() -> tuple[int, int] | None:
     if not raw:
         return None
     stage, _, step = raw.partition(":")
+    if not (stage.isdigit() and step.isdigit()):
+        raise ValueError(f"{GROWPIPE_FAULT_AT}={raw!r}: expected STAGE:STEP, e.g. 1:3")
     return int(stage), int(step)

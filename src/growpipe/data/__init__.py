@@ -6,7 +6,7 @@ from collections.abc import Callable
 from functools import partial
 
 from growpipe.config import DataSpec
-from growpipe.data.bundle import DataBundle, Split, apply_feature_groups, iterate_batches, limit, num_batches
+from growpipe.data.bundle import DataBundle, Split, apply_feature_groups, iterate_batches, limit
 from growpipe.data.sources import (
     load_cifar,
     load_digits_bundle,
@@ -43,4 +43,4 @@ def load_data(spec: DataSpec) -> DataBundle:
     return apply_feature_groups(bundle, spec.feature_groups)
 
 
-__all__ = ["DataBundle", "Split", "iterate_batches", "load_data", "num_batches", "REGISTRY", "PREFIXES"]
+__all__ = ["DataBundle", "Split", "iterate_batches", "load_data", "REGISTRY", "PREFIXES"]

@@ -173,8 +173,3 @@ def iterate_batches(
             side={g_: split.side[g_][idx] for g_ in side_groups},
             index=b,
         )
-
-
-def num_batches(split: Split, batch_size: int) -> int:
-    """How many packets iterate_batches yields."""
-    return (len(split) + batch_size - 1) // batch_size

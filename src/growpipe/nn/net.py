@@ -84,7 +84,10 @@ class GrowableNet:
                 f"block 0 takes input of shape {tuple(block.in_shape)} but the data has shape {self.info.shape}"
             )
         if block.index != len(self.blocks):
-            raise ShapeError(f"block index {block.index} appended at position {len(self.blocks)}")
+            raise ShapeError(
+                f"block index {block.index} appended at position {len(self.blocks)}; "
+                f"build it with index {len(self.blocks)}"
+            )
         self.blocks.append(block.to(self.device))
 
     def plan_growth(self, step: GrowStep) -> BlockSpec:
@@ -177,7 +180,10 @@ class GrowableNet:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if len(state["blocks"]) != len(self.blocks):
-            raise ShapeError(f"state has {len(state['blocks'])} blocks, the net {len(self.blocks)}")
+            raise ShapeError(
+                f"state has {len(state['blocks'])} blocks but the net has {len(self.blocks)}; "
+                "load it into a net built from the same topology"
+            )
         for b, s in zip(self.blocks, state["blocks"], strict=True):
             b.load_state_dict(s)
             b.to(self.device)

@@ -119,7 +119,7 @@ class Controller:
         }
         try:
             nxt = handler[prev]()
-        except (GrowpipeError, ray.exceptions.RayError, ValueError, RuntimeError) as e:
+        except Exception as e:  # any failure ends the run as ERRORED with one line, never a hung actor
             self.error = _describe(e)
             self._say(f"error  {self.error}")
             nxt = State.ERRORED
@@ -137,10 +137,11 @@ class Controller:
         k = cfg.net.blocks
         self._shared_pg = self._make_pg(k, cfg.runtime.placement)
         first = self._launch(0, self._shared_pg, 0, owns_pg=False)
+        self.slots = [first]
         self.info, summary = self._get(first.handle.load_data.remote(), "stage 0 loading the data")
         self._say(f"data   {summary}")
         specs = plan_blocks(cfg, self.info)
-        self.slots = [first] + [self._launch(i, self._shared_pg, i, owns_pg=False) for i in range(1, k)]
+        self.slots += [self._launch(i, self._shared_pg, i, owns_pg=False) for i in range(1, k)]
         for slot, spec in zip(self.slots, specs, strict=True):
             slot.spec = spec
         self._setup_and_wire(self.slots)
@@ -183,6 +184,8 @@ class Controller:
         """Next state once an epoch (or the start) is done: more epochs, the next growth step, or the end."""
         if self.epochs_done_in_phase < self.phases[self.phase][1]:
             return State.TRAINING
+        if self.phase > 0 and self.growth and self.growth[-1]["acc_after"] is None and self.epochs_done_in_phase:
+            self.growth[-1]["acc_after"] = self.history[-1]["test_accuracy"]
         if self.phase + 1 < len(self.phases):
             return State.GROWING
         self._finish()
@@ -201,9 +204,9 @@ class Controller:
         pg = self._make_pg(1, "PACK")
         slot = self._launch(spec.index, pg, 0, owns_pg=True)
         slot.spec = spec
+        self.slots.append(slot)  # owned from here on, so cleanup reaches it even if setup fails
         self._setup_and_wire([slot])
         self._get(last.handle.set_downstream.remote(slot.handle), "rewiring the last stage")
-        self.slots.append(slot)
         self.last_eval = None
         event = {
             "epoch": self.epoch,
@@ -224,9 +227,6 @@ class Controller:
 
     def _finish(self) -> None:
         ev = self.last_eval or self._evaluate()
-        for g in self.growth:
-            after = [h for h in self.history if h["epoch"] > g["epoch"]]
-            g["acc_after"] = after[-1]["test_accuracy"] if after else None
         summary = summarize(self.cfg, len(self.slots), self.history, self.growth, ev, self.train_seconds, self.samples)
         summary["runtime"] = "ray"
         summary["stages"] = self._stage_table()
@@ -265,10 +265,11 @@ class Controller:
         if not ready:
             remove_placement_group(pg)
             have = ray.available_resources()
+            short_gpu = self._bundle().get("GPU", 0) * n > have.get("GPU", 0)
+            fix = "lower runtime.gpus_per_stage" if short_gpu else "lower runtime.cpus_per_stage"
             raise PipelineError(
                 f"cannot place {n} stage(s) of {self._bundle()} within {self.cfg.runtime.stage_timeout_s:g}s "
-                f"(available: CPU {have.get('CPU', 0):g}, GPU {have.get('GPU', 0):g}); "
-                "lower runtime.cpus_per_stage or add resources"
+                f"(available: CPU {have.get('CPU', 0):g}, GPU {have.get('GPU', 0):g}); {fix} or add resources"
             )
         return pg
 
@@ -355,7 +356,8 @@ class Controller:
 
     def _cleanup(self) -> None:
         for slot in self.slots:
-            ray.kill(slot.handle, no_restart=True)
+            with contextlib.suppress(Exception):  # already dead
+                ray.kill(slot.handle, no_restart=True)
         for pg in [s.pg for s in self.slots if s.owns_pg] + ([self._shared_pg] if self._shared_pg else []):
             with contextlib.suppress(Exception):  # already gone with a dead node: nothing left to release
                 remove_placement_group(pg)
@@ -399,7 +401,7 @@ def _describe(e: BaseException) -> str:
 
 
 def launch_controller(cfg: RunConfig, run_name: str) -> Any:
-    """Start a run's controller actor: named (so `growpipe grow` finds it), threaded, no CPU slot."""
+    """Start a run's controller actor: named (found by run name in the growpipe namespace), threaded, no CPU."""
     return (
         ray.remote(Controller)
         .options(

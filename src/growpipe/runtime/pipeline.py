@@ -11,11 +11,20 @@ from typing import Any
 import ray
 
 from growpipe.config import RunConfig
-from growpipe.errors import PipelineError
+from growpipe.errors import ConfigError, PipelineError
 from growpipe.runtime import NAMESPACE
 from growpipe.runtime.controller import launch_controller, logical_cpus_needed
 
 POLL_S = 0.5
+
+
+def check_runtime_supports(cfg: RunConfig) -> None:
+    """Refuse, before anything starts, what the Ray pipeline does not run yet."""
+    if cfg.method == "bp":
+        raise ConfigError(
+            "method: bp trains end to end and is not pipelined on Ray yet; use --runtime local "
+            "(or method al, scpl or dascpl on Ray)"
+        )
 
 
 def connect(cfg: RunConfig, address: str | None = None) -> bool:
@@ -46,12 +55,14 @@ class Pipeline:
 
     def start(self) -> Pipeline:
         """Connect to Ray and launch the controller (refuses a second live run with the same name)."""
+        check_runtime_supports(self.cfg)
         self._owns_ray = connect(self.cfg, self.address)
         try:
             ray.get_actor(self.run_name, namespace=NAMESPACE)
         except ValueError:
             pass
         else:
+            self.stop()
             raise PipelineError(
                 f"a run named {self.run_name!r} is already running on this cluster; set name: to another"
             )

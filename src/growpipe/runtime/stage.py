@@ -15,6 +15,7 @@ from collections import deque
 from typing import Any
 
 import ray
+import torch
 
 from growpipe import envvars
 from growpipe.config import RunConfig
@@ -82,9 +83,6 @@ class Stage:
         self.fault_step = fault[1] if fault and fault[0] == index else None
 
     # ---- control ------------------------------------------------------------------------------------
-    def ping(self) -> int:
-        return self.index
-
     def load_data(self) -> tuple[InputInfo, str]:
         """Stage 0 reads the dataset itself; returns what the controller needs to plan the blocks."""
         self.bundle = load_data(self.cfg.data)
@@ -107,12 +105,8 @@ class Stage:
         self._require_block().freeze()
 
     def state_dict(self) -> dict[str, Any]:
-        """The block's modules and optimizer state, on the CPU."""
-        self._require_block().to("cpu")
-        try:
-            return self._require_block().state_dict()
-        finally:
-            self._require_block().to(self.device)
+        """A CPU copy of the block's modules and optimizer state (the live block stays on its device)."""
+        return _cpu_copy(self._require_block().state_dict())
 
     # ---- the per-batch path -------------------------------------------------------------------------
     def run_epoch(self, epoch: int, side_groups: tuple[str, ...]) -> dict[str, Any]:
@@ -186,6 +180,7 @@ class Stage:
         st.last_end = time.time()
 
     def _send(self, out: Packet) -> None:
+        self._reap_done()
         t0 = time.time()
         while len(self.inflight) >= self.window:
             self._wait_oldest()
@@ -196,13 +191,22 @@ class Stage:
         self.inflight.append(self.downstream.push.remote(out, time.time()))
         self.stats.max_inflight = max(self.stats.max_inflight, len(self.inflight))
 
+    def _reap_done(self) -> None:
+        """Forget calls downstream that already finished (in order), surfacing their errors now."""
+        if not self.inflight:
+            return
+        done, _ = ray.wait(list(self.inflight), num_returns=len(self.inflight), timeout=0, fetch_local=False)
+        done_set = set(done)
+        while self.inflight and self.inflight[0] in done_set:
+            self._wait_oldest()
+
     def _wait_oldest(self) -> None:
         oldest = self.inflight[0]
         ready, _ = ray.wait([oldest], num_returns=1, timeout=self.timeout_s, fetch_local=False)
         if not ready:
             raise StageError(
-                f"stage {self.index + 1} took more than runtime.stage_timeout_s={self.timeout_s:g}s for one packet; "
-                "raise it if its steps are that slow"
+                f"stage {self.index + 1} (or a stage after it) took more than runtime.stage_timeout_s="
+                f"{self.timeout_s:g}s for one packet; raise it if steps are that slow"
             )
         self.inflight.popleft()
         try:
@@ -232,6 +236,17 @@ class Stage:
         net = GrowableNet.from_topology(self.cfg, info, topology, self.device)
         net.load_state_dict({"blocks": list(states)})
         return evaluate_net(net, self.bundle, self.cfg)
+
+
+def _cpu_copy(obj: Any) -> Any:
+    """The same nested structure with every tensor detached and copied to the CPU."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _cpu_copy(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(_cpu_copy(v) for v in obj)
+    return obj
 
 
 def _event(name: str, stage: int, t0: float, t1: float, args: dict[str, Any] | None = None) -> dict[str, Any]:

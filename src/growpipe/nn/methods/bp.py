@@ -41,7 +41,10 @@ def train_chain(blocks: list[BPBlock], p: Packet) -> tuple[Packet, dict[str, flo
     block's classifier; one backward; every trainable block steps its optimizer."""
     last = blocks[-1]
     if last.frozen or "cls" not in last.modules:
-        raise ValueError(f"BP needs a trainable classifier on the last block (block {last.index})")
+        raise ValueError(
+            f"BP needs a trainable classifier on the last block (block {last.index}); train the whole net "
+            "end to end (GrowableNet.train_step) or grow a new block"
+        )
     trainable = [b for b in blocks if not b.frozen]
     with seeded(block_seed(last.seed, last.index, last.steps)):
         for b in blocks:
