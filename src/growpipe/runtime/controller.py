@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -281,7 +282,7 @@ class Controller:
             num_cpus=b["CPU"],
             num_gpus=b.get("GPU", 0),
             max_concurrency=1,
-            runtime_env={"env_vars": envvars.forwarded()},
+            runtime_env={"env_vars": stage_env()},
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=pg, placement_group_bundle_index=bundle_index
             ),
@@ -398,6 +399,20 @@ def _describe(e: BaseException) -> str:
     if isinstance(e, StageError | GrowpipeError):
         return str(e)
     return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+STAGE_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
+"""glibc malloc settings for stage workers. In a Ray worker glibc keeps serving the multi-MB activation and
+gradient buffers of every step with fresh mmaps (about 6,000 page faults per 1280-wide MLP step, 33 ms
+instead of 25 ms); a fixed 32 MB mmap threshold and a high trim threshold keep them on the heap (4 faults
+per step, 25 ms). Variables already set in the driver's environment win."""
+
+
+def stage_env() -> dict[str, str]:
+    """Environment of a stage worker: the malloc settings above, then the driver's GROWPIPE_* variables."""
+    env = {k: os.environ.get(k, v) for k, v in STAGE_MALLOC_ENV.items()}
+    env.update(envvars.forwarded())
+    return env
 
 
 def launch_controller(cfg: RunConfig, run_name: str) -> Any:
