@@ -297,6 +297,8 @@ class Controller:
             self._get(up.handle.set_downstream.remote(down.handle), "wiring the stages")
 
     def _wait_epoch(self, ref: Any) -> dict[str, Any]:
+        # An epoch has no fixed length; the wait still ends: a dead stage fails this ref at once, and every
+        # stage gives up on a packet after runtime.stage_timeout_s.
         while True:
             ready, _ = ray.wait([ref], timeout=1.0)
             if ready:
