@@ -130,3 +130,21 @@ def test_bp_is_refused_on_the_ray_runtime_before_anything_starts(capsys):
     assert (
         "method: bp trains end to end and is not pipelined on Ray yet; use --runtime local" in capsys.readouterr().err
     )
+
+
+def test_cuda_asked_for_on_a_machine_without_one(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert main(["train", "--runtime", "local", "--set", "device=cuda", *FAST]) == 2
+    assert "device: 'cuda' asked for but torch sees no CUDA device; use device: auto or cpu" in capsys.readouterr().err
+
+
+def test_damaged_manifest_is_named(tmp_path: Path, capsys):
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "state.pt").write_bytes(b"")
+    (ck / "manifest.json").write_text("{not json")
+    assert main(["evaluate", "--checkpoint", str(ck)]) == 2
+    assert "manifest.json is not valid JSON" in capsys.readouterr().err
