@@ -146,7 +146,7 @@ def _gpipe_worker(rank: int, cfg: RunConfig, port: int, steps: int, out_path: st
         stage = PipelineStage(module, rank, K, torch.device("cpu"))
         micro = 4
         schedule = ScheduleGPipe(stage, n_microbatches=micro, loss_fn=torch.nn.functional.cross_entropy)
-        opt = torch.optim.Adam(module.parameters(), lr=cfg.train.lr)
+        opt = torch.optim.Adam(module.parameters(), lr=cfg.train.lr, fused=cfg.train.fused or None)  # as the others
         batches = list(iterate_batches(bundle.train, cfg.data.batch_size, shuffle=True, seed=cfg.seed))
         batches = [b for b in batches if b.batch_size == cfg.data.batch_size]
         stamps = []

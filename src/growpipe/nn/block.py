@@ -31,9 +31,10 @@ def make_optimizer(params, optim: OptimSpec, lr: float | None = None) -> torch.o
     params = list(params)
     if optim.optimizer == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
+    fused = optim.fused or None  # None: torch's default choice
     if optim.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=optim.weight_decay)
-    return torch.optim.Adam(params, lr=lr, weight_decay=optim.weight_decay)
+        return torch.optim.AdamW(params, lr=lr, weight_decay=optim.weight_decay, fused=fused)
+    return torch.optim.Adam(params, lr=lr, weight_decay=optim.weight_decay, fused=fused)
 
 
 def block_seed(seed: int, index: int, step: int = -1) -> int:
