@@ -122,6 +122,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     from growpipe.evaluation import evaluate_net
     from growpipe.fsutil import atomic_write_json
     from growpipe.nn.specs import InputInfo
+    from growpipe.report import format_exits
 
     net, manifest = load_checkpoint(args.checkpoint)
     allowed = ("eval.", "data.root", "data.download", "data.limit_test")
@@ -143,15 +144,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
             )
     ev = evaluate_net(net, bundle, cfg)
     print(f"{cfg.method} on {cfg.data.name}: {net.depth} blocks, full-path accuracy {ev['full_accuracy']:.4f}")
-    print("  exit depth  accuracy  MACs/sample")
-    for d, a, m in zip(ev["exit_depths"], ev["exit_accuracy"], ev["macs_per_exit"], strict=True):
-        print(f"  {d:>10}  {a:8.4f}  {m:>11,}")
-    print(f"  adaptive ({ev['confidence']}): threshold  accuracy  mean depth  MACs saved")
-    for r in ev["adaptive"]:
-        print(
-            f"  {r['threshold']:>29.2f}  {r['accuracy']:8.4f}  {r['mean_depth']:10.2f}  "
-            f"{100 * r['macs_saved_fraction']:9.1f}%"
-        )
+    print(format_exits(ev))
     if args.json_out:
         print(f"evaluation JSON: {atomic_write_json(args.json_out, ev)}")
     return 0

@@ -62,23 +62,29 @@ def format_epoch(row: dict[str, Any]) -> str:
     )
 
 
+def format_exits(ev: dict[str, Any]) -> str:
+    """Accuracy and MACs per exit, then the adaptive trade-off per threshold (when there are several exits)."""
+    lines = ["  exit depth  accuracy  MACs/sample"]
+    for d, a, m in zip(ev["exit_depths"], ev["exit_accuracy"], ev["macs_per_exit"], strict=True):
+        lines.append(f"  {d:>10}  {a:8.4f}  {m:>11,}")
+    if len(ev["exit_depths"]) > 1:
+        lines.append(f"  adaptive ({ev['confidence']}): threshold  accuracy  mean depth  MACs saved")
+        for r in ev["adaptive"]:
+            lines.append(
+                f"  {r['threshold']:>29.2f}  {r['accuracy']:8.4f}  {r['mean_depth']:10.2f}  "
+                f"{100 * r['macs_saved_fraction']:9.1f}%"
+            )
+    return "\n".join(lines)
+
+
 def format_report(summary: dict[str, Any]) -> str:
     """A short human-readable table of the result JSON."""
     lines = [
         f"{summary['method']} on {summary['dataset']} ({summary['backbone']}, {summary['blocks']} blocks, "
         f"{summary['epochs']} epochs): test accuracy {summary['test_accuracy']:.4f}, "
         f"{summary['samples_per_second']:.0f} samples/s, {summary['train_seconds']:.1f}s training",
-        "  exit depth  accuracy  MACs/sample",
+        format_exits(summary),
     ]
-    for d, a, m in zip(summary["exit_depths"], summary["exit_accuracy"], summary["macs_per_exit"], strict=True):
-        lines.append(f"  {d:>10}  {a:8.4f}  {m:>11,}")
-    if len(summary["exit_depths"]) > 1:
-        lines.append(f"  adaptive ({summary['confidence']}): threshold  accuracy  mean depth  MACs saved")
-        for r in summary["adaptive"]:
-            lines.append(
-                f"  {r['threshold']:>29.2f}  {r['accuracy']:8.4f}  {r['mean_depth']:10.2f}  "
-                f"{100 * r['macs_saved_fraction']:9.1f}%"
-            )
     for g in summary["growth"]:
         before = "n/a" if g["acc_before"] is None else f"{g['acc_before']:.4f}"
         after = "n/a" if g["acc_after"] is None else f"{g['acc_after']:.4f}"

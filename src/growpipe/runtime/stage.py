@@ -29,7 +29,7 @@ from growpipe.nn.specs import BlockSpec, InputInfo
 
 
 class StageStats:
-    """Where a stage's time goes between two `take_stats` calls."""
+    """Where a stage's time goes between two `flush` calls (one epoch)."""
 
     def __init__(self) -> None:
         self.samples = 0
@@ -90,10 +90,10 @@ class Stage:
 
     def setup(self, spec: BlockSpec, info: InputInfo, state: dict[str, Any] | None = None) -> str:
         """Build this stage's block (same seed as the reference trainer) and optionally load its state."""
-        self.block = build_block(self.cfg, spec, info).to(self.device)
+        self.block = build_block(self.cfg, spec, info)
         if state is not None:
             self.block.load_state_dict(state)
-            self.block.to(self.device)
+        self.block.to(self.device)
         return type(self.block).__name__
 
     def set_downstream(self, handle: Any) -> None:
