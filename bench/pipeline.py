@@ -36,13 +36,17 @@ from growpipe.nn.net import plan_blocks
 from growpipe.nn.specs import InputInfo
 
 K = 2
+GROUPS = (1, 2)
+"""runtime.packets_per_call values the full run measures (c) with (the faster is reported); --quick: 1."""
 
 
-def bench_config(width: int, batches: int, epochs: int, batch_size: int, method: str = "scpl") -> RunConfig:
-    """The benchmark model: K MLP blocks of 2 layers of `width` units on flattened Fashion-MNIST."""
+def bench_config(
+    widths: tuple[int, ...], batches: int, epochs: int, batch_size: int, method: str = "scpl"
+) -> RunConfig:
+    """The benchmark model: K MLP blocks of 2 layers (block i has widths[i] units) on flattened Fashion-MNIST."""
     return build_config(
         {
-            "name": f"bench-pipeline-{method}-{width}",
+            "name": f"bench-pipeline-{method}-{'x'.join(map(str, widths))}",
             "method": method,
             "seed": 0,
             "threads": 1,
@@ -52,7 +56,7 @@ def bench_config(width: int, batches: int, epochs: int, batch_size: int, method:
                 "limit_train": batches * batch_size,
                 "limit_test": 256,
             },  # fmt: skip
-            "net": {"backbone": "mlp", "blocks": K, "width": width, "layers_per_block": 2},
+            "net": {"backbone": "mlp", "blocks": K, "widths": list(widths), "layers_per_block": 2},
             "scpl": {"projector": "linear", "proj_dim": 128},
             "train": {"epochs": epochs},
             "runtime": {"window": 4, "cpus_per_stage": 1, "timeline_epoch": 0},
@@ -60,33 +64,46 @@ def bench_config(width: int, batches: int, epochs: int, batch_size: int, method:
     )
 
 
-def block_step_ms(width: int, batch_size: int) -> float:
-    """Median milliseconds of one train_step of the second (width x width) block, 1 thread."""
-    torch.set_num_threads(1)
-    cfg = bench_config(width, 8, 1, batch_size)
-    bundle = load_data(cfg.data)
-    info = InputInfo.from_bundle(bundle)
-    block = build_block(cfg, plan_blocks(cfg, info)[1], info)
-    x = torch.randn(batch_size, width)
-    y = torch.arange(batch_size) % 10
+def block_steps_ms(widths: tuple[int, ...], batch_size: int) -> list[float]:
+    """Median milliseconds of one train_step of each block, 1 thread, on random inputs of the right shape."""
     from growpipe.nn.packet import Packet
 
-    times = []
-    for i in range(8):
-        t0 = time.perf_counter()
-        block.train_step(Packet(x=x, y=y, index=i))
-        times.append(time.perf_counter() - t0)
-    return 1000 * statistics.median(times[2:])
+    torch.set_num_threads(1)
+    cfg = bench_config(widths, 8, 1, batch_size)
+    info = InputInfo.from_bundle(load_data(cfg.data))
+    y = torch.arange(batch_size) % 10
+    out = []
+    for spec in plan_blocks(cfg, info):
+        block = build_block(cfg, spec, info)
+        x = torch.randn(batch_size, *(info.shape if spec.index == 0 else (widths[spec.index - 1],)))
+        times = []
+        for i in range(8):
+            t0 = time.perf_counter()
+            block.train_step(Packet(x=x, y=y, index=i))
+            times.append(time.perf_counter() - t0)
+        out.append(1000 * statistics.median(times[2:]))
+    return out
 
 
-def calibrate(target_ms: float, batch_size: int) -> tuple[int, float]:
-    """The smallest width (multiple of 128) whose block step takes at least target_ms."""
+def calibrate(target_ms: float, batch_size: int) -> tuple[tuple[int, ...], list[float]]:
+    """Widths (multiples of 64) making every block step take about target_ms: equal blocks.
+
+    Block 0 maps the 784 pixels, later blocks map width to width, so equal widths would leave block 0
+    lighter and the pipeline bound by the last block; the first width is raised until the steps match.
+    """
     width = 256
-    ms = block_step_ms(width, batch_size)
-    while ms < target_ms and width < 8192:
-        width = int(width * max(1.15, min(2.0, (target_ms / ms) ** 0.5)) // 128 * 128) + 128
-        ms = block_step_ms(width, batch_size)
-    return width, ms
+    while True:
+        ms = block_steps_ms((width,) * K, batch_size)
+        if ms[-1] >= target_ms or width >= 8192:
+            break
+        width = int(width * max(1.1, min(2.0, (target_ms / ms[-1]) ** 0.5)) // 64 * 64) + 64
+    first = width
+    for _ in range(4):  # block 1 grows with the first width too, so a few proportional steps
+        if ms[0] >= ms[-1] * 0.95:
+            break
+        first = round(first * (ms[-1] / ms[0]) ** 0.5 / 64) * 64
+        ms = block_steps_ms((first,) + (width,) * (K - 1), batch_size)
+    return (first,) + (width,) * (K - 1), ms
 
 
 def epoch_rates(history: list[dict[str, Any]]) -> list[float]:
@@ -105,10 +122,11 @@ def run_bp_threads(cfg: RunConfig) -> float:
     return rate
 
 
-def run_ray(cfg: RunConfig) -> dict[str, Any]:
+def run_ray(cfg: RunConfig, packets_per_call: int) -> dict[str, Any]:
     from growpipe.runtime.pipeline import Pipeline
 
-    with Pipeline(cfg) as p:
+    runtime = cfg.runtime.model_copy(update={"packets_per_call": packets_per_call})
+    with Pipeline(cfg.model_copy(update={"runtime": runtime})) as p:
         result = p.train(progress=None)
     return {
         "samples_per_second": statistics.median(epoch_rates(result["history"])),
@@ -122,11 +140,12 @@ def run_ray(cfg: RunConfig) -> dict[str, Any]:
 
 
 def _gpipe_layers(cfg: RunConfig, rank: int, in_features: int) -> torch.nn.Module:
-    width = cfg.net.width
+    width = cfg.net.block_width(rank)
     torch.manual_seed(rank)
     layers: list[torch.nn.Module] = []
     for i in range(cfg.net.layers_per_block):
-        layers += [torch.nn.Linear(in_features if (rank == 0 and i == 0) else width, width), torch.nn.ReLU()]
+        fan_in = width if i else (in_features if rank == 0 else cfg.net.block_width(rank - 1))
+        layers += [torch.nn.Linear(fan_in, width), torch.nn.ReLU()]
     if rank == K - 1:
         layers.append(torch.nn.Linear(width, 10))
     return torch.nn.Sequential(*layers)
@@ -188,27 +207,37 @@ def run_torch_gpipe(cfg: RunConfig, epochs: int) -> float:
 # ---- driver ------------------------------------------------------------------------------------------
 
 
-def measure(target_ms: float, batches: int, epochs: int, batch_size: int) -> dict[str, Any]:
+def measure(target_ms: float, batches: int, epochs: int, batch_size: int, groups: tuple[int, ...]) -> dict[str, Any]:
     """All four figures for one block-step target."""
-    width, ms = calibrate(target_ms, batch_size)
-    cfg = bench_config(width, batches, epochs, batch_size)
-    print(f"-- target {target_ms:g} ms: width {width}, block step {ms:.1f} ms, batch {batch_size}", flush=True)
+    widths, ms = calibrate(target_ms, batch_size)
+    cfg = bench_config(widths, batches, epochs, batch_size)
+    steps = ", ".join(f"{m:.1f}" for m in ms)
+    print(f"-- target {target_ms:g} ms: widths {list(widths)}, block steps {steps} ms, batch {batch_size}", flush=True)
     seq = run_sequential(cfg)
     print(f"   (a) sequential reference, 1 thread   {seq:8.0f} samples/s", flush=True)
     bp = run_bp_threads(cfg)
     print(f"   (b) BP, one process, {K} threads      {bp:8.0f} samples/s", flush=True)
-    ray_fig = run_ray(cfg)
+    ray_figs = {}
+    for group in groups:
+        ray_figs[group] = run_ray(cfg, group)
+        rate = ray_figs[group]["samples_per_second"]
+        print(
+            f"   (c) growpipe Ray pipeline, {K} stages {rate:8.0f} samples/s  ({group} packet(s) per call)", flush=True
+        )
+    best = max(groups, key=lambda g: ray_figs[g]["samples_per_second"])
+    ray_fig = ray_figs[best]
     pipe = ray_fig["samples_per_second"]
-    print(f"   (c) growpipe Ray pipeline, {K} stages {pipe:8.0f} samples/s", flush=True)
     gpipe = run_torch_gpipe(cfg, epochs)
     print(f"   (d) torch GPipe, {K} procs, gloo      {gpipe:8.0f} samples/s", flush=True)
-    act_kb = batch_size * width * 4 / 1024
+    act_kb = batch_size * widths[0] * 4 / 1024
     row = {
         "target_step_ms": target_ms,
-        "block_step_ms": round(ms, 2),
-        "width": width,
+        "block_step_ms": [round(m, 2) for m in ms],
+        "widths": list(widths),
         "activation_kb": act_kb,
         "samples_per_second": {"sequential": seq, "bp_threads": bp, "growpipe_ray": pipe, "torch_gpipe": gpipe},
+        "packets_per_call": best,
+        "growpipe_ray_by_packets_per_call": {g: f["samples_per_second"] for g, f in ray_figs.items()},
         "speedup_vs_sequential": pipe / seq,
         "ratio_vs_bp_threads": pipe / bp,
         "ratio_vs_torch_gpipe": pipe / gpipe,
@@ -218,7 +247,7 @@ def measure(target_ms: float, batches: int, epochs: int, batch_size: int) -> dic
     print(
         f"   c/a {row['speedup_vs_sequential']:.2f}  c/b {row['ratio_vs_bp_threads']:.2f}  "
         f"c/d {row['ratio_vs_torch_gpipe']:.2f}  hop {row['hop_overhead_ms']:.2f} ms  "
-        f"utilisation {row['stage_utilisation']}  activation {act_kb:.0f} KB",
+        f"utilisation {row['stage_utilisation']}  activation {act_kb:.0f} KB  (c: {best} packet(s) per call)",
         flush=True,
     )
     return row
@@ -238,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     epochs = args.epochs or (3 if args.quick else 4)
     targets = [20.0] if args.quick else [20.0, 10.0]
     start = time.perf_counter()
-    rows = [measure(t, batches, epochs, args.batch_size) for t in targets]
+    groups = (1,) if args.quick else GROUPS
+    rows = [measure(t, batches, epochs, args.batch_size, groups) for t in targets]
     main_row = rows[0]
     out = {
         "speedup_vs_sequential": main_row["speedup_vs_sequential"],
@@ -254,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
             "batches_per_epoch": batches,
             "epochs": epochs,
             "window": 4,
+            "packets_per_call_tried": list(groups),
+            "inline_kb": RunConfig().runtime.inline_kb,
             "quick": args.quick,
             "cpus": os.cpu_count(),
             "torch": torch.__version__,

@@ -22,6 +22,7 @@ def test_empty_config_is_valid_defaults():
         ({"net": {"blocks": 2, "widths": [64, 64, 64]}}, "net: widths has 3 entries but blocks is 2"),
         ({"grow": {"schedule": [{"kind": "feature", "group": "chunk9"}]}}, "unknown feature group 'chunk9'"),
         ({"trian": {}}, "trian: unknown field"),
+        ({"runtime": {"window": 2, "packets_per_call": 4}}, "runtime: packets_per_call (4) is more than window (2)"),
     ],
 )
 def test_bad_fields_name_the_field_and_the_fix(raw, needle):

@@ -82,6 +82,18 @@ def test_backpressure_keeps_at_most_window_packets_in_flight():
     assert result["stages"][-1]["max_inflight"] == 0
 
 
+def test_grouped_calls_stay_exact_and_within_the_window():
+    # 11 batches: groups of 2 leave one packet that only the end-of-epoch flush sends
+    cfg = _small("scpl", 3, data={"limit_train": 352}, net={"blocks": 3}, runtime={"packets_per_call": 2})
+    reference = train_local(cfg, progress=None)
+    with Pipeline(cfg) as p:
+        result = p.train(progress=None)
+        net = p.final_net()
+    _assert_same_weights(reference.net, net, atol=1e-6)
+    assert all(2 <= s["max_inflight"] <= 3 for s in result["stages"][:-1])
+    assert [s["samples"] for s in result["stages"]] == [352 * 2] * 3
+
+
 def _actor_exists(name: str) -> bool:
     try:
         ray.get_actor(name, namespace=NAMESPACE)

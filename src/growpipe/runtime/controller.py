@@ -336,6 +336,7 @@ class Controller:
                 {
                     "stage": i,
                     "block": t["block"],
+                    "samples": t["samples"],
                     "samples_per_second": t["samples"] / t["busy_s"] if t["busy_s"] else 0.0,
                     "busy_s": round(t["busy_s"], 3),
                     "wait_input_s": round(t["wait_input_s"], 3),

@@ -39,7 +39,13 @@ def connect(cfg: RunConfig, address: str | None = None) -> bool:
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=True)
         return True
     cpus = cfg.runtime.num_cpus or max(os.cpu_count() or 1, logical_cpus_needed(cfg))
-    ray.init(num_cpus=cpus, namespace=NAMESPACE, include_dashboard=False, log_to_driver=True)
+    ray.init(
+        num_cpus=cpus,
+        namespace=NAMESPACE,
+        include_dashboard=False,
+        log_to_driver=True,
+        _system_config={"max_direct_call_object_size": cfg.runtime.inline_kb * 1024},
+    )
     return True
 
 

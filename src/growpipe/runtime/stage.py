@@ -2,8 +2,9 @@
 
 A packet arrives by a direct actor call from the previous stage (`push`), is trained on, and its detached
 output is pushed on with `next_stage.push.remote(...)`: the driver and controller never touch batches.
-Each stage keeps at most `window` calls in flight downstream; when the window is full it waits for the
-oldest (backpressure), so a slow stage slows its producer instead of filling the object store.
+Each stage keeps at most `window` packets in flight downstream; when the window is full it waits for the
+oldest call (backpressure), so a slow stage slows its producer instead of filling the object store.
+`packets_per_call` packets travel in one call to amortise the per-call cost.
 
 Stage is a plain class (testable without Ray); the controller applies `ray.remote` when it launches it.
 """
@@ -68,6 +69,7 @@ class Stage:
         self.index = index
         self.cfg = cfg
         self.window = cfg.runtime.window
+        self.group = cfg.runtime.packets_per_call
         self.timeout_s = cfg.runtime.stage_timeout_s
         self.device = resolve_device(cfg.device)
         if self.device.type == "cpu":
@@ -75,7 +77,9 @@ class Stage:
         self.block: Block | None = None
         self.bundle: DataBundle | None = None
         self.downstream: Any = None
-        self.inflight: deque[Any] = deque()
+        self.inflight: deque[tuple[Any, int]] = deque()  # (call ref, packets in it)
+        self.inflight_packets = 0
+        self.pending: list[Packet] = []  # outputs not sent yet (fewer than packets_per_call)
         self.recording = False
         self.stats = StageStats()
         self.packets_seen = 0
@@ -130,18 +134,21 @@ class Stage:
             self._process(p.to(self.device))
         return self.flush()
 
-    def push(self, packet: Packet, sent_at: float) -> None:
-        """Called by the previous stage with one packet; trains on it and passes the output on."""
+    def push(self, packets: list[Packet], sent_at: float) -> None:
+        """Called by the previous stage with its next packets; trains on each and passes the outputs on."""
         start = time.time()
         if self.stats.last_end is not None:
             free_at = max(sent_at, self.stats.last_end)
             self.stats.hops_ms.append(max(0.0, (start - free_at) * 1000.0))
             self.stats.wait_input_s += max(0.0, start - self.stats.last_end)
-        self._process(packet.to(self.device))
+        for p in packets:
+            self._process(p.to(self.device))
 
     def flush(self) -> dict[str, Any]:
         """Wait until everything sent downstream has been taken; return and reset this stage's stats."""
         t0 = time.perf_counter()
+        if self.pending:
+            self._send()
         while self.inflight:
             self._wait_oldest()
         self.stats.blocked_s += time.perf_counter() - t0
@@ -176,32 +183,38 @@ class Stage:
         if self.recording:
             st.events.append(_event("train_step", self.index, t0, t1, {"batch": p.index}))
         if self.downstream is not None:
-            self._send(out)
+            self.pending.append(out)
+            if len(self.pending) >= self.group:
+                self._send()
         st.last_end = time.time()
 
-    def _send(self, out: Packet) -> None:
+    def _send(self) -> None:
+        """Hand the pending packets to the next stage in one call, first waiting for room in the window."""
+        group, self.pending = self.pending, []
         self._reap_done()
         t0 = time.time()
-        while len(self.inflight) >= self.window:
+        while self.inflight and self.inflight_packets + len(group) > self.window:
             self._wait_oldest()
         t1 = time.time()
         self.stats.blocked_s += t1 - t0
         if self.recording and t1 - t0 > 1e-4:
             self.stats.events.append(_event("blocked_downstream", self.index, t0, t1))
-        self.inflight.append(self.downstream.push.remote(out, time.time()))
-        self.stats.max_inflight = max(self.stats.max_inflight, len(self.inflight))
+        self.inflight.append((self.downstream.push.remote(group, time.time()), len(group)))
+        self.inflight_packets += len(group)
+        self.stats.max_inflight = max(self.stats.max_inflight, self.inflight_packets)
 
     def _reap_done(self) -> None:
         """Forget calls downstream that already finished (in order), surfacing their errors now."""
         if not self.inflight:
             return
-        done, _ = ray.wait(list(self.inflight), num_returns=len(self.inflight), timeout=0, fetch_local=False)
+        refs = [ref for ref, _ in self.inflight]
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
         done_set = set(done)
-        while self.inflight and self.inflight[0] in done_set:
+        while self.inflight and self.inflight[0][0] in done_set:
             self._wait_oldest()
 
     def _wait_oldest(self) -> None:
-        oldest = self.inflight[0]
+        oldest, n = self.inflight[0]
         ready, _ = ray.wait([oldest], num_returns=1, timeout=self.timeout_s, fetch_local=False)
         if not ready:
             raise StageError(
@@ -209,6 +222,7 @@ class Stage:
                 f"{self.timeout_s:g}s for one packet; raise it if steps are that slow"
             )
         self.inflight.popleft()
+        self.inflight_packets -= n
         try:
             ray.get(oldest)
         except ray.exceptions.RayTaskError as e:
