@@ -23,11 +23,14 @@ def test_train_writes_result_json_and_checkpoint_then_evaluate(tmp_path: Path, c
                 "samples_per_second", "adaptive", "growth"):  # fmt: skip
         assert key in r
     assert (r["method"], r["dataset"], r["blocks"], r["epochs"]) == ("al", "digits", 3, 2)
+    png = tmp_path / "plots" / "acc.png"
     assert main(["evaluate", "--checkpoint", str(ck), "--set", "eval.thresholds=[0.9]", "--json-out",
-                 str(tmp_path / "ev.json")]) == 0  # fmt: skip
+                 str(tmp_path / "ev.json"), "--plot-out", str(png)]) == 0  # fmt: skip
     ev = json.loads((tmp_path / "ev.json").read_text())
     assert ev["full_accuracy"] == pytest.approx(r["test_accuracy"])
     assert [row["threshold"] for row in ev["adaptive"]] == [0.9]
+    assert ev["plots"]["accuracy_vs_compute"] == str(png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
 def test_checkpoint_round_trip_gives_identical_predictions(tmp_path: Path):
@@ -97,7 +100,7 @@ def test_help_lists_commands(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     out = capsys.readouterr().out
-    assert all(c in out for c in ("train", "evaluate", "data"))
+    assert all(c in out for c in ("train", "grow", "evaluate", "data", "bench"))
 
 
 def test_evaluate_refuses_overrides_and_data_the_checkpoint_was_not_trained_on(tmp_path: Path, capsys):

@@ -137,3 +137,22 @@ def _train_catching(p: Pipeline, errors: list[BaseException]) -> None:
         p.train(progress=None)
     except BaseException as e:  # handed to the test thread
         errors.append(e)
+
+
+def test_stopping_a_run_midway_releases_its_stages_and_cpus():
+    cfg = _small("al", 4, name="stopped", train={"epochs": 400})
+    before = ray.available_resources().get("CPU", 0)
+    errors: list[BaseException] = []
+    p = Pipeline(cfg).start()
+    thread = threading.Thread(target=lambda: _train_catching(p, errors))
+    thread.start()
+    deadline = time.time() + 120
+    while time.time() < deadline and ray.get(p.controller.status.remote())["epoch"] < 1:
+        time.sleep(0.2)
+    p.stop()  # as the driver does on an error or Ctrl-C
+    thread.join(timeout=60)
+    deadline = time.time() + 20
+    while time.time() < deadline and ray.available_resources().get("CPU", 0) < before:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU", 0) == before
+    assert not _actor_exists("stopped/stage0") and not _actor_exists("stopped")

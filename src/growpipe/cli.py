@@ -1,4 +1,4 @@
-"""The `growpipe` command: train, evaluate, data."""
+"""The `growpipe` command: train, grow, evaluate, data, bench."""
 
 from __future__ import annotations
 
@@ -49,8 +49,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tr.add_argument("--trace-out", metavar="FILE", help="ray runtime: write the Chrome-trace timeline here (Perfetto)")
     tr.add_argument("--json-out", metavar="FILE", help="write the result JSON here")
+    tr.add_argument("--plot-out", metavar="PNG", help="plot accuracy vs compute (every exit, adaptive) here")
     tr.add_argument("--save", metavar="DIR", help="write a checkpoint directory here (weights + manifest)")
     tr.add_argument("--quiet", "-q", action="store_true", help="no per-epoch progress lines")
+
+    gr = sub.add_parser(
+        "grow",
+        help="append a block to a running job",
+        description="Ask a running job (found by its run name on the cluster) to append a block while it "
+        "trains. The block is placed and built while training goes on; the pipeline then pauses before its "
+        "next batch, drains, freezes the earlier blocks (grow.freeze) and resumes with the new block.",
+    )
+    gr.add_argument("--run", required=True, metavar="NAME", help="the run's name (its config's name:)")
+    gr.add_argument("--kind", choices=["layer", "feature"], help="layer (default): a block on top; feature: a "
+                    "block on top that also reads --group")  # fmt: skip
+    gr.add_argument("--group", metavar="G", help="feature group the new block reads (kind feature)")
+    gr.add_argument("--width", type=int, metavar="N", help="width of the new block (default: the config's)")
+    gr.add_argument("--input-size", type=int, metavar="N", help="features per sample the block expects; "
+                    "refused unless the last block produces exactly that many")  # fmt: skip
+    gr.add_argument("--spec", metavar="YAML", help="the request as YAML/JSON (inline or a file): kind, group, "
+                    "width, input_size; the flags above override it")  # fmt: skip
+    gr.add_argument("--address", metavar="ADDR", help="Ray cluster (default: $RAY_ADDRESS, else the local one)")
+    gr.add_argument("--timeout", type=float, default=600.0, metavar="S", help="longest wait for the answer (600)")
 
     ev = sub.add_parser("evaluate", help="evaluate a checkpoint: every exit and adaptive inference")
     ev.add_argument("--checkpoint", required=True, metavar="DIR", help="checkpoint directory written by train --save")
@@ -63,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="override eval.* or data.* fields, e.g. --set eval.thresholds=[0.8,0.9] --set eval.confidence=entropy",
     )
     ev.add_argument("--json-out", metavar="FILE", help="write the evaluation JSON here")
+    ev.add_argument("--plot-out", metavar="PNG", help="plot accuracy vs compute (every exit, adaptive) here")
 
     be = sub.add_parser(
         "bench",
@@ -103,6 +124,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     print(format_report(summary))
     if "stages" in summary:
         print(format_stage_table(summary["stages"]))
+    if args.plot_out:
+        summary["plots"] = {"accuracy_vs_compute": str(_plot(summary, args.plot_out, cfg))}
     if args.json_out:
         print(f"result JSON: {atomic_write_json(args.json_out, summary)}")
     if args.trace_out and "timeline" in summary:
@@ -112,6 +135,53 @@ def _cmd_train(args: argparse.Namespace) -> int:
         path = save_checkpoint(args.save, net, extra)
         print(f"checkpoint: {path}  (growpipe evaluate --checkpoint {path})")
     return 0
+
+
+def _grow_request(args: argparse.Namespace) -> dict[str, object]:
+    import yaml
+
+    request: dict[str, object] = {}
+    if args.spec:
+        text = Path(args.spec).read_text() if Path(args.spec).is_file() else args.spec
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise GrowpipeError(f"--spec: not valid YAML/JSON ({str(e).splitlines()[0]})") from None
+        if not isinstance(loaded, dict):
+            raise GrowpipeError("--spec: give a mapping, e.g. '{kind: layer, width: 128}'")
+        request.update(loaded)
+    for key in ("kind", "group", "width", "input_size"):
+        if getattr(args, key) is not None:
+            request[key] = getattr(args, key)
+    return request
+
+
+def _cmd_grow(args: argparse.Namespace) -> int:
+    import json
+
+    from growpipe.config import parse_grow_request
+    from growpipe.runtime.client import connect_existing, request_growth
+
+    request = _grow_request(args)
+    parse_grow_request(request)  # refuse a bad request before touching the cluster
+    connect_existing(args.address)
+    answer = request_growth(args.run, request, args.timeout)
+    where = f" at epoch {answer['epoch'] + 1} batch {answer['batch']}" if answer.get("batch") is not None else ""
+    print(
+        f"run {args.run}: +{answer['kind']} block {answer['block']} -> {answer['blocks']} blocks, "
+        f"stage actor {answer['stage']}{where}"
+    )
+    print(json.dumps(answer))
+    return 0
+
+
+def _plot(ev: dict[str, object], path: str, cfg: object) -> Path:
+    from growpipe.plots import plot_accuracy_vs_compute
+
+    title = f"{cfg.method} on {cfg.data.name}, {len(ev['exit_depths'])} blocks"  # type: ignore[attr-defined,arg-type]
+    out = plot_accuracy_vs_compute(ev, path, title)
+    print(f"plot: {out}")
+    return out
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
@@ -145,6 +215,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     ev = evaluate_net(net, bundle, cfg)
     print(f"{cfg.method} on {cfg.data.name}: {net.depth} blocks, full-path accuracy {ev['full_accuracy']:.4f}")
     print(format_exits(ev))
+    if args.plot_out:
+        ev["plots"] = {"accuracy_vs_compute": str(_plot(ev, args.plot_out, cfg))}
     if args.json_out:
         print(f"evaluation JSON: {atomic_write_json(args.json_out, ev)}")
     return 0
@@ -184,7 +256,13 @@ def _cmd_data(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `growpipe` console script."""
     args = build_parser().parse_args(argv)
-    handlers = {"train": _cmd_train, "evaluate": _cmd_evaluate, "data": _cmd_data, "bench": _cmd_bench}
+    handlers = {
+        "train": _cmd_train,
+        "grow": _cmd_grow,
+        "evaluate": _cmd_evaluate,
+        "data": _cmd_data,
+        "bench": _cmd_bench,
+    }
     try:
         return handlers[args.command](args)
     except GrowpipeError as e:

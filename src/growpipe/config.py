@@ -75,6 +75,8 @@ class DataSpec(_Strict):
     limit_train: int | None = Field(None, ge=1)
     """Use only the first N training samples (after a seeded shuffle); for quick runs."""
     limit_test: int | None = Field(None, ge=1)
+    val_fraction: float = Field(0.0, ge=0.0, lt=1.0)
+    """Share of the training samples held out (seeded) as a validation split; grow.on_plateau watches it."""
     feature_groups: FeatureGroupsSpec = FeatureGroupsSpec()
 
     @field_validator("name")
@@ -164,11 +166,10 @@ class SCPLSpec(_Strict):
     proj_dim: int = Field(128, ge=2)
 
 
-class GrowStep(_Strict):
-    """One growth step of the schedule: append a block, then train it."""
+class _BlockAsk(_Strict):
+    """Which block to append: a layer on top, or a block that also reads a new feature group."""
 
     kind: Literal["layer", "feature"] = "layer"
-    epochs: int = Field(1, ge=0)
     group: str | None = None
     """Feature group the new block receives (kind=feature)."""
     width: int | None = Field(None, ge=1)
@@ -176,7 +177,7 @@ class GrowStep(_Strict):
     previous block's); a transformer block keeps the model size of the one below."""
 
     @model_validator(mode="after")
-    def _group_for_feature(self) -> GrowStep:
+    def _group_for_feature(self) -> _BlockAsk:
         if self.kind == "feature" and not self.group:
             raise ValueError("kind=feature needs group: the name of a feature group, e.g. chunk1")
         if self.kind == "layer" and self.group:
@@ -184,12 +185,65 @@ class GrowStep(_Strict):
         return self
 
 
+class GrowStep(_BlockAsk):
+    """One growth step of the schedule: append a block, then train it."""
+
+    epochs: int = Field(1, ge=0)
+
+
+class GrowRequest(_BlockAsk):
+    """A request to grow a running job (`growpipe grow`), validated like a config."""
+
+    input_size: int | None = Field(None, ge=1)
+    """Features per sample the new block expects; checked against the last block's output when given."""
+
+    def as_step(self) -> GrowStep:
+        return GrowStep(kind=self.kind, group=self.group, width=self.width, epochs=0)
+
+
+class PlateauSpec(_Strict):
+    """Grow when validation accuracy stops improving."""
+
+    patience: int = Field(2, ge=1)
+    """Epochs without an improvement of at least min_delta (since the last growth) before growing."""
+    min_delta: float = Field(0.002, ge=0.0)
+
+
 class GrowSpec(_Strict):
-    """Growth schedule for the reference trainer."""
+    """When the net grows: an explicit schedule, every N epochs, or on a validation plateau.
+
+    With `schedule`, train.epochs come first and each step adds its own epochs. With `every_epochs` or
+    `on_plateau`, train.epochs is the whole run and `step` is the block appended each time, up to
+    `max_blocks`. A running job also grows on request (`growpipe grow --run NAME`).
+    """
 
     schedule: list[GrowStep] = []
+    every_epochs: int | None = Field(None, ge=1)
+    on_plateau: PlateauSpec | None = None
+    step: GrowStep = GrowStep()
+    """The block every_epochs / on_plateau append (its epochs field is not used)."""
+    max_blocks: int | None = Field(None, ge=1, le=64)
+    """Most blocks the net may reach (by any kind of growth); default: net.blocks + len(schedule)."""
     freeze: bool = True
     """Freeze earlier blocks when a block is appended (only the new block trains)."""
+
+    @model_validator(mode="after")
+    def _one_policy(self) -> GrowSpec:
+        policies = [n for n, v in (("schedule", self.schedule), ("every_epochs", self.every_epochs),
+                                   ("on_plateau", self.on_plateau)) if v]  # fmt: skip
+        if len(policies) > 1:
+            raise ValueError(f"{' and '.join(policies)} are set; keep one way of growing")
+        if (self.every_epochs or self.on_plateau) and self.max_blocks is None:
+            raise ValueError("max_blocks is needed with every_epochs / on_plateau: the net stops growing there")
+        return self
+
+    def policy(self) -> str:
+        """schedule | every_epochs | on_plateau | none."""
+        if self.every_epochs:
+            return "every_epochs"
+        if self.on_plateau:
+            return "on_plateau"
+        return "schedule" if self.schedule else "none"
 
 
 class EvalSpec(_Strict):
@@ -228,6 +282,8 @@ class RuntimeSpec(_Strict):
     """Placement-group strategy for the stages across nodes."""
     num_cpus: int | None = Field(None, ge=1)
     """Embedded Ray only: logical CPUs to start it with (default: enough for every block the run will have)."""
+    placement_timeout_s: float = Field(120.0, gt=0)
+    """Longest wait for resources to place a stage (at the start and on growth) before failing."""
     stage_timeout_s: float = Field(300.0, gt=0)
     """Longest wait for one packet downstream or one control call before the run fails."""
     timeline_epoch: int = Field(1, ge=0)
@@ -264,25 +320,37 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:
-        known = self.data.feature_groups.side_names()
         for i, step in enumerate(self.grow.schedule):
-            if step.kind == "feature" and step.group not in known:
-                hint = (
-                    f"this config declares {', '.join(known)}"
-                    if known
-                    else "set data.feature_groups (scheme, count, base) to declare groups"
-                )
-                raise ValueError(f"grow.schedule[{i}].group: unknown feature group {step.group!r}; {hint}")
+            self.check_feature_group(step, f"grow.schedule[{i}].group")
+        self.check_feature_group(self.grow.step, "grow.step.group")
+        if self.grow.on_plateau and not self.data.val_fraction:
+            raise ValueError("grow.on_plateau watches validation accuracy: set data.val_fraction (e.g. 0.1)")
+        least = self.net.blocks + len(self.grow.schedule)
+        if self.grow.max_blocks is not None and self.grow.max_blocks < least:
+            raise ValueError(f"grow.max_blocks ({self.grow.max_blocks}) is below the {least} blocks of the schedule")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device: {self.device!r} is not auto, cpu, cuda or cuda:N")
         return self
 
+    def check_feature_group(self, step: GrowStep, where: str) -> None:
+        """Raise ValueError naming `where` when a feature step asks for a group the data does not declare."""
+        known = self.data.feature_groups.side_names()
+        if step.kind == "feature" and step.group not in known:
+            hint = (
+                f"this config declares {', '.join(known)}"
+                if known
+                else "set data.feature_groups (scheme, count, base) to declare groups"
+            )
+            raise ValueError(f"{where}: unknown feature group {step.group!r}; {hint}")
+
     def max_blocks(self) -> int:
-        """Blocks the net has once the whole growth schedule has run."""
+        """Most blocks the net may reach: grow.max_blocks, else once the whole schedule has run."""
+        if self.grow.max_blocks is not None:
+            return self.grow.max_blocks
         return self.net.blocks + len(self.grow.schedule)
 
     def total_epochs(self) -> int:
-        """Epochs over the whole schedule (initial + every growth step)."""
+        """Epochs of the whole run (with a schedule: initial + every growth step)."""
         return self.train.epochs + sum(s.epochs for s in self.grow.schedule)
 
 
@@ -323,6 +391,14 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             node = nxt
         node[parts[-1]] = parse_value(value)
     return out
+
+
+def parse_grow_request(raw: dict[str, Any]) -> GrowRequest:
+    """Validate a grow request; raise ConfigError listing every problem, like a config."""
+    try:
+        return GrowRequest.model_validate(raw or {})
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, "grow request")) from None
 
 
 def build_config(raw: dict[str, Any] | None, source: str = "config") -> RunConfig:

@@ -32,3 +32,17 @@ def fault_at() -> tuple[int, int] | None:
     if not (stage.isdigit() and step.isdigit()):
         raise ValueError(f"{GROWPIPE_FAULT_AT}={raw!r}: expected STAGE:STEP, e.g. 1:3")
     return int(stage), int(step)
+
+
+GROWPIPE_STEP_DELAY_MS = "GROWPIPE_STEP_DELAY_MS"
+"""Slows every stage's train step by this many milliseconds: for tests and demos of growing a running job
+(a tiny model's epochs are otherwise over before a new stage actor has started)."""
+
+
+def step_delay_s() -> float:
+    """GROWPIPE_STEP_DELAY_MS in seconds (0 when unset)."""
+    raw = os.environ.get(GROWPIPE_STEP_DELAY_MS, "").strip()
+    try:
+        return max(0.0, float(raw)) / 1000.0 if raw else 0.0
+    except ValueError:
+        raise ValueError(f"{GROWPIPE_STEP_DELAY_MS}={raw!r}: expected milliseconds, e.g. 50") from None

@@ -13,7 +13,13 @@ EVAL_BATCH = 512
 
 
 def evaluate_net(net: GrowableNet, bundle: DataBundle, cfg: RunConfig) -> dict[str, Any]:
-    """Per-exit and adaptive evaluation on the test split."""
+    """Per-exit and adaptive evaluation on the test split, plus full-path `val_accuracy` when there is a
+    validation split (None otherwise)."""
     batches = iterate_batches(bundle.test, EVAL_BATCH, shuffle=False, side_groups=net.side_groups())
     preds = collect_exits(net, batches)
-    return evaluate_exits(preds, cfg.eval.thresholds, cfg.eval.confidence, net.exit_costs())
+    ev = evaluate_exits(preds, cfg.eval.thresholds, cfg.eval.confidence, net.exit_costs())
+    ev["val_accuracy"] = None
+    if bundle.val is not None:
+        val = collect_exits(net, iterate_batches(bundle.val, EVAL_BATCH, shuffle=False, side_groups=net.side_groups()))
+        ev["val_accuracy"] = val.accuracy(val.depths[-1])
+    return ev

@@ -1,8 +1,8 @@
 """The single-process reference trainer: every block in order for every batch, no Ray.
 
 It is the oracle the Ray runtime is checked against: for a seed, the data order, initial weights and
-updates are fixed. It runs the growth schedule too: train the initial blocks for train.epochs, then for
-each grow step append a block (freezing the earlier ones) and train for step.epochs.
+updates are fixed. It grows where the config's growth plan says (schedule, every N epochs, or on a
+validation plateau), appending a block and freezing the earlier ones.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from growpipe.config import RunConfig
 from growpipe.data import DataBundle, iterate_batches, load_data
 from growpipe.device import resolve_device, set_cpu_threads
 from growpipe.evaluation import evaluate_net
+from growpipe.growth import GrowthPlan, growth_event, note_epoch
 from growpipe.nn.net import GrowableNet
 from growpipe.nn.specs import InputInfo
 from growpipe.report import epoch_row, format_epoch, summarize
@@ -91,37 +92,32 @@ def train_local(cfg: RunConfig, progress: Progress | None = print, bundle: DataB
     net = GrowableNet.build(cfg, InputInfo.from_bundle(bundle), device)
     say(f"net    {cfg.method} on {cfg.net.backbone}, {net.depth} blocks, device {device}")
     result = TrainResult(net=net, bundle=bundle)
-    phases = [(None, cfg.train.epochs), *((s, s.epochs) for s in cfg.grow.schedule)]
+    plan = GrowthPlan(cfg)
     epoch = 0
     ev: dict[str, Any] | None = None
-    for step, epochs in phases:
-        acc_before = None
-        if step is not None:
-            acc_before = result.history[-1]["test_accuracy"] if result.history else None
+
+    def grow_if_due() -> None:
+        nonlocal ev
+        for step in plan.due(epoch, result.history, net.depth):
+            event = growth_event(epoch, step, net.depth + 1, result.history, plan.policy)
             block = net.grow(step)
+            plan.grew(epoch)
             ev = None
+            result.growth.append(event)
             say(f"grow   +{step.kind} block {block.index} ({block.spec.encoder.family}) -> {net.depth} blocks")
-        for _ in range(epochs):
-            epoch += 1
-            losses, samples, seconds = _epoch(net, bundle, cfg, epoch)
-            result.train_seconds += seconds
-            result.samples_seen += samples
-            ev = evaluate_net(net, bundle, cfg)
-            training = sum(not b.frozen for b in net.blocks)
-            row = epoch_row(epoch, cfg, net.depth, training, losses, ev, samples, seconds)
-            result.history.append(row)
-            say(format_epoch(row))
-        if step is not None:
-            acc_after = result.history[-1]["test_accuracy"] if epochs else None
-            result.growth.append(
-                {
-                    "epoch": epoch - epochs,
-                    "kind": step.kind,
-                    "group": step.group,
-                    "blocks": net.depth,
-                    "acc_before": acc_before,
-                    "acc_after": acc_after,
-                }
-            )
+
+    grow_if_due()
+    while epoch < plan.total_epochs:
+        epoch += 1
+        losses, samples, seconds = _epoch(net, bundle, cfg, epoch)
+        result.train_seconds += seconds
+        result.samples_seen += samples
+        ev = evaluate_net(net, bundle, cfg)
+        training = sum(not b.frozen for b in net.blocks)
+        row = epoch_row(epoch, cfg, net.depth, training, losses, ev, samples, seconds)
+        result.history.append(row)
+        note_epoch(result.growth, row)
+        say(format_epoch(row))
+        grow_if_due()
     result.evaluation = ev or evaluate_net(net, bundle, cfg)  # the last epoch's, unless the net changed since
     return result

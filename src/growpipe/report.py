@@ -21,6 +21,7 @@ def epoch_row(
         "exit_depths": ev["exit_depths"],
         "exit_accuracy": ev["exit_accuracy"],
         "test_accuracy": ev["full_accuracy"],
+        "val_accuracy": ev.get("val_accuracy"),
         "samples_per_second": samples / seconds if seconds else 0.0,
         "seconds": seconds,
     }
@@ -56,6 +57,8 @@ def format_epoch(row: dict[str, Any]) -> str:
     """One progress line for an epoch row."""
     losses = " ".join(f"{k}={v:.3f}" for k, v in row["loss"].items())
     accs = " ".join(f"@{d}={a:.4f}" for d, a in zip(row["exit_depths"], row["exit_accuracy"], strict=True))
+    if row.get("val_accuracy") is not None:
+        accs += f" (val {row['val_accuracy']:.4f})"
     return (
         f"epoch {row['epoch']:>3}/{row['of']} | blocks {row['blocks']} (training {row['training']}) | "
         f"loss {losses} | acc {accs} | {row['samples_per_second']:.0f} samples/s | {row['seconds']:.1f}s"

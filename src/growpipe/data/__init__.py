@@ -6,7 +6,7 @@ from collections.abc import Callable
 from functools import partial
 
 from growpipe.config import DataSpec
-from growpipe.data.bundle import DataBundle, Split, apply_feature_groups, iterate_batches, limit
+from growpipe.data.bundle import DataBundle, Split, apply_feature_groups, hold_out, iterate_batches, limit
 from growpipe.data.sources import (
     load_cifar,
     load_digits_bundle,
@@ -40,6 +40,8 @@ def load_data(spec: DataSpec) -> DataBundle:
     bundle = loader(spec)
     bundle.train = limit(bundle.train, spec.limit_train)
     bundle.test = limit(bundle.test, spec.limit_test)
+    if spec.val_fraction:
+        bundle.train, bundle.val = hold_out(bundle.train, spec.val_fraction)
     return apply_feature_groups(bundle, spec.feature_groups)
 
 

@@ -41,6 +41,8 @@ class DataBundle:
     num_classes: int
     class_names: list[str]
     vocab: Vocab | None = None
+    val: Split | None = None
+    """Held-out part of the training data (data.val_fraction), or None."""
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -62,7 +64,8 @@ class DataBundle:
         groups = f", side groups {sorted(self.train.side)}" if self.train.side else ""
         vocab = f", vocab {len(self.vocab)}" if self.vocab else ""
         return (
-            f"{self.name}: {self.kind}, train {len(self.train)}, test {len(self.test)}, "
+            f"{self.name}: {self.kind}, train {len(self.train)}, "
+            f"{f'val {len(self.val)}, ' if self.val is not None else ''}test {len(self.test)}, "
             f"{self.num_classes} classes, input {self.input_shape} {self.input_dtype}{vocab}{groups}"
         )
 
@@ -88,7 +91,19 @@ def limit(split: Split, n: int | None, seed: int = 0) -> Split:
     if n is None or n >= len(split):
         return split
     g = torch.Generator().manual_seed(seed)
-    idx = torch.randperm(len(split), generator=g)[:n]
+    return _take(split, torch.randperm(len(split), generator=g)[:n])
+
+
+def hold_out(split: Split, fraction: float, seed: int = 1) -> tuple[Split, Split]:
+    """(rest, held out): a seeded `fraction` of the samples (at least one) set aside for validation."""
+    n_val = max(1, round(len(split) * fraction))
+    if n_val >= len(split):
+        raise DataError(f"data.val_fraction={fraction:g} leaves no training samples out of {len(split)}; lower it")
+    idx = torch.randperm(len(split), generator=torch.Generator().manual_seed(seed))
+    return _take(split, idx[n_val:].sort().values), _take(split, idx[:n_val].sort().values)
+
+
+def _take(split: Split, idx: torch.Tensor) -> Split:
     return Split(split.x[idx], split.y[idx], {k: v[idx] for k, v in split.side.items()})
 
 
@@ -146,7 +161,23 @@ def apply_feature_groups(bundle: DataBundle, spec: FeatureGroupsSpec) -> DataBun
         return bundle
     bundle.train = _apply_groups_to_split(bundle.train, bundle.kind, spec)
     bundle.test = _apply_groups_to_split(bundle.test, bundle.kind, spec)
+    if bundle.val is not None:
+        bundle.val = _apply_groups_to_split(bundle.val, bundle.kind, spec)
     return bundle
+
+
+def batch_order(
+    n: int, batch_size: int, *, shuffle: bool, seed: int = 0, epoch: int = 0, start_batch: int = 0
+) -> Iterator[tuple[int, torch.Tensor]]:
+    """(batch index, sample indices) of an epoch; the order depends only on (seed, epoch) when shuffled."""
+    if shuffle:
+        g = torch.Generator().manual_seed(seed * 100_003 + epoch)
+        order = torch.randperm(n, generator=g)
+    else:
+        order = torch.arange(n)
+    for b, start in enumerate(range(0, n, batch_size)):
+        if b >= start_batch:
+            yield b, order[start : start + batch_size]
 
 
 def iterate_batches(
@@ -157,16 +188,13 @@ def iterate_batches(
     seed: int = 0,
     epoch: int = 0,
     side_groups: tuple[str, ...] = (),
+    start_batch: int = 0,
 ) -> Iterator[Packet]:
-    """Packets of `batch_size` samples; the order depends only on (seed, epoch) when shuffled."""
-    n = len(split)
-    if shuffle:
-        g = torch.Generator().manual_seed(seed * 100_003 + epoch)
-        order = torch.randperm(n, generator=g)
-    else:
-        order = torch.arange(n)
-    for b, start in enumerate(range(0, n, batch_size)):
-        idx = order[start : start + batch_size]
+    """Packets of `batch_size` samples in `batch_order`.
+
+    `start_batch` skips the first batches of that order (an epoch resumed after a mid-epoch growth).
+    """
+    for b, idx in batch_order(len(split), batch_size, shuffle=shuffle, seed=seed, epoch=epoch, start_batch=start_batch):
         yield Packet(
             x=split.x[idx],
             y=split.y[idx],

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -25,12 +26,14 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from growpipe import envvars
-from growpipe.config import GrowStep, RunConfig
-from growpipe.errors import GrowpipeError, PipelineError, StageError
+from growpipe.config import GrowStep, RunConfig, parse_grow_request
+from growpipe.errors import ConfigError, GrowpipeError, PipelineError, ShapeError, StageError
+from growpipe.growth import GrowthPlan, growth_event, note_epoch
 from growpipe.nn.net import plan_blocks, plan_growth_block
 from growpipe.nn.specs import BlockSpec, InputInfo
 from growpipe.report import epoch_row, format_epoch, summarize
 from growpipe.runtime import NAMESPACE
+from growpipe.runtime.growth_orders import GrowOrder, check_input_size, merge_stage_stats
 from growpipe.runtime.stage import Stage
 
 
@@ -81,12 +84,9 @@ class Controller:
         self._lines: list[str] = []
         self.slots: list[_StageSlot] = []
         self.info: InputInfo | None = None
-        self.phases: list[tuple[GrowStep | None, int]] = [
-            (None, cfg.train.epochs),
-            *((s, s.epochs) for s in cfg.grow.schedule),
-        ]
-        self.phase = 0
-        self.epochs_done_in_phase = 0
+        self.plan = GrowthPlan(cfg)
+        self.due: list[GrowStep] = []
+        self.orders: queue.Queue[GrowOrder] = queue.Queue()
         self.epoch = 0
         self.history: list[dict[str, Any]] = []
         self.growth: list[dict[str, Any]] = []
@@ -106,6 +106,7 @@ class Controller:
             while self.state not in TERMINAL:
                 self._step()
         finally:
+            self._reject_pending(f"run {self.run_name!r} has {self.state.value}; nothing to grow")
             self._cleanup()
         if self.state is State.ERRORED:
             return {"error": self.error}
@@ -151,21 +152,33 @@ class Controller:
             f"net    {cfg.method} on {cfg.net.backbone}: {k} stage actors ({names}), window {cfg.runtime.window}, "
             f"{self._resources_text()}"
         )
-        return self._after_phase_change()
+        return self._next_after(0)
 
     def _training(self) -> State:
+        while not self.orders.empty():  # asked for between two epochs: no pause needed
+            self._serve_order(self.orders.get())
         self.epoch += 1
         record = self.epoch == self.cfg.runtime.timeline_epoch
-        side_groups = tuple(
-            s.spec.encoder.params["group"] for s in self.slots if s.spec and s.spec.encoder.family == "feature"
-        )
         if record:
             self._get_all([s.handle.start_recording.remote() for s in self.slots], "starting the timeline")
         start = time.perf_counter()
-        epoch_ref = self.slots[0].handle.run_epoch.remote(self.epoch, side_groups)
-        stats = [self._wait_epoch(epoch_ref)]
-        for slot in self.slots[1:]:
-            stats.append(self._get(slot.handle.flush.remote(), f"stage {len(stats)} draining"))
+        parts: list[list[dict[str, Any]]] = []
+        start_batch = 0
+        while True:
+            epoch_ref = self.slots[0].handle.run_epoch.remote(self.epoch, self._side_groups(), start_batch)
+            first, order = self._wait_epoch(epoch_ref)
+            stats = [first]
+            for slot in self.slots[1:]:
+                stats.append(self._get(slot.handle.flush.remote(), f"stage {len(stats)} draining"))
+            parts.append(stats)
+            if order is not None:  # prepared while the epoch ran; the pipeline is drained now
+                self._attach_order(order, batch=first["paused_at"])
+            if first["paused_at"] is None:
+                break
+            start_batch = first["paused_at"]
+            if record:
+                self._get(self.slots[-1].handle.start_recording.remote(), "starting the timeline")
+        stats = merge_stage_stats(parts)
         seconds = time.perf_counter() - start
         self.train_seconds += seconds
         self.samples += stats[0]["samples"]
@@ -175,56 +188,147 @@ class Controller:
         training = sum(1 for s in stats if s["loss"])
         row = epoch_row(self.epoch, self.cfg, len(self.slots), training, losses, ev, stats[0]["samples"], seconds)
         self.history.append(row)
+        note_epoch(self.growth, row)
         self._say(format_epoch(row))
         for cb in self.callbacks:
             cb.after_epoch(row)
-        self.epochs_done_in_phase += 1
-        return self._after_phase_change()
+        return self._next_after(self.epoch)
 
-    def _after_phase_change(self) -> State:
-        """Next state once an epoch (or the start) is done: more epochs, the next growth step, or the end."""
-        if self.epochs_done_in_phase < self.phases[self.phase][1]:
-            return State.TRAINING
-        if self.phase > 0 and self.growth and self.growth[-1]["acc_after"] is None and self.epochs_done_in_phase:
-            self.growth[-1]["acc_after"] = self.history[-1]["test_accuracy"]
-        if self.phase + 1 < len(self.phases):
+    def _next_after(self, epoch: int) -> State:
+        """Next state after `epoch` finished epochs (0: the start): a planned growth, more epochs, or the end."""
+        self.due = self.plan.due(epoch, self.history, len(self.slots))
+        if self.due:
             return State.GROWING
+        if epoch < self.plan.total_epochs:
+            return State.TRAINING
         self._finish()
         return State.FINISHED
 
     def _growing(self) -> State:
-        self.phase += 1
-        self.epochs_done_in_phase = 0
-        step = self.phases[self.phase][0]
-        assert step is not None and self.info is not None
-        acc_before = self.history[-1]["test_accuracy"] if self.history else None
-        last = self.slots[-1]
-        spec = plan_growth_block(self.cfg, self.info, last.spec, step)
-        if self.cfg.grow.freeze:
-            self._get_all([s.handle.freeze.remote() for s in self.slots], "freezing the earlier stages")
+        for step in self.due:
+            slot = self._prepare_block(step)
+            self._attach(slot, step, self.plan.policy, batch=None)
+        return self._next_after_growth()
+
+    def _next_after_growth(self) -> State:
+        self.due = []
+        if self.epoch < self.plan.total_epochs:
+            return State.TRAINING
+        self._finish()
+        return State.FINISHED
+
+    # ---- growth ---------------------------------------------------------------------------------------
+    def grow(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Append a block to this running job (called from outside, e.g. `growpipe grow`).
+
+        Validated like a config; the block is placed and built while training goes on, then the pipeline
+        pauses before its next batch, drains, freezes the earlier stages (cfg.grow.freeze), wires the new
+        stage in and resumes. Requests are served one at a time, in arrival order. Returns what was added,
+        or {'error': message}: a bad request never disturbs the run.
+        """
+        try:
+            ask = parse_grow_request(request)
+            self.cfg.check_feature_group(ask.as_step(), "group")
+        except (ConfigError, ValueError) as e:
+            return {"error": str(e)}
+        if self.state in TERMINAL:
+            return {"error": f"run {self.run_name!r} has {self.state.value}; nothing to grow"}
+        limit = self.cfg.grow.max_blocks
+        if limit is not None and len(self.slots) + self.orders.qsize() >= limit:
+            return {"error": f"run {self.run_name!r} is at grow.max_blocks={limit} blocks (counting queued requests)"}
+        if self.info is not None and self.slots and self.slots[-1].spec is not None:
+            try:  # fail fast; checked again against the topology the block really lands on
+                check_input_size(ask, self.cfg, self.info, self.slots[-1].spec)
+            except ShapeError as e:
+                return {"error": str(e)}
+        order = GrowOrder(ask)
+        self.orders.put(order)
+        order.done.wait()
+        return order.answer if order.answer is not None else {"error": order.error}
+
+    def _serve_order(self, order: GrowOrder) -> None:
+        """Prepare and attach a request between epochs (the pipeline is idle)."""
+        if self._prepare_order(order):
+            self._attach_order(order, batch=None)
+
+    def _prepare_order(self, order: GrowOrder) -> bool:
+        """Place and build the requested block; on failure answer the caller and leave the run as it is."""
+        assert self.info is not None
+        try:
+            check_input_size(order.ask, self.cfg, self.info, self._last_spec())
+            order.slot = self._prepare_block(order.ask.as_step())
+        except (GrowpipeError, ValueError, ray.exceptions.RayError) as e:
+            order.fail(_describe(e))
+            self._say(f"grow   request refused: {order.error}")
+            return False
+        return True
+
+    def _attach_order(self, order: GrowOrder, batch: int | None) -> None:
+        assert order.slot is not None
+        event = self._attach(order.slot, order.ask.as_step(), "request", batch)
+        order.succeed({**event, "stage": f"{self.run_name}/stage{order.slot.spec.index}"})
+
+    def _prepare_block(self, step: GrowStep) -> _StageSlot:
+        """Place a new stage actor and build the block `step` asks for on top of the current last block."""
+        assert self.info is not None
+        spec = plan_growth_block(self.cfg, self.info, self._last_spec(), step)
         pg = self._make_pg(1, "PACK")
         slot = self._launch(spec.index, pg, 0, owns_pg=True)
         slot.spec = spec
-        self.slots.append(slot)  # owned from here on, so cleanup reaches it even if setup fails
-        self._setup_and_wire([slot])
+        try:
+            self._setup_and_wire([slot])
+        except Exception:
+            self._discard(slot)
+            raise
+        return slot
+
+    def _attach(self, slot: _StageSlot, step: GrowStep, source: str, batch: int | None) -> dict[str, Any]:
+        """Freeze the current stages (cfg.grow.freeze), wire `slot` after the last one and record the event.
+        The pipeline must be drained."""
+        assert slot.spec is not None
+        last = self.slots[-1]
+        if self.cfg.grow.freeze:
+            self._get_all([s.handle.freeze.remote() for s in self.slots], "freezing the earlier stages")
+        done_epochs = self.epoch if batch is None else self.epoch - 1
+        event = growth_event(done_epochs, step, len(self.slots) + 1, self.history, source, batch)
+        event["block"] = slot.spec.index
+        self.slots.append(slot)
         self._get(last.handle.set_downstream.remote(slot.handle), "rewiring the last stage")
+        self.plan.grew(done_epochs)
         self.last_eval = None
-        event = {
-            "epoch": self.epoch,
-            "kind": step.kind,
-            "group": step.group,
-            "blocks": len(self.slots),
-            "acc_before": acc_before,
-            "acc_after": None,
-        }
         self.growth.append(event)
+        where = f" at epoch {self.epoch} batch {batch}" if batch is not None else ""
         self._say(
-            f"grow   +{step.kind} block {spec.index} ({spec.encoder.family}) -> {len(self.slots)} blocks, "
-            f"stage actor {spec.index} ({slot.block_name})"
+            f"grow   +{step.kind} block {slot.spec.index} ({slot.spec.encoder.family}) -> {len(self.slots)} blocks, "
+            f"stage actor {slot.spec.index} ({slot.block_name}){where}"
         )
         for cb in self.callbacks:
             cb.on_growth(event)
-        return self._after_phase_change()
+        return event
+
+    def _last_spec(self) -> BlockSpec:
+        spec = self.slots[-1].spec
+        assert spec is not None
+        return spec
+
+    def _side_groups(self) -> tuple[str, ...]:
+        return tuple(
+            s.spec.encoder.params["group"] for s in self.slots if s.spec and s.spec.encoder.family == "feature"
+        )
+
+    def _reject_pending(self, why: str) -> None:
+        while not self.orders.empty():
+            order = self.orders.get()
+            if order.slot is not None:
+                self._discard(order.slot)
+            order.fail(why)
+
+    def _discard(self, slot: _StageSlot) -> None:
+        with contextlib.suppress(Exception):  # already dead
+            ray.kill(slot.handle, no_restart=True)
+        if slot.owns_pg:
+            with contextlib.suppress(Exception):
+                remove_placement_group(slot.pg)
 
     def _finish(self) -> None:
         ev = self.last_eval or self._evaluate()
@@ -262,21 +366,22 @@ class Controller:
 
     def _make_pg(self, n: int, strategy: str) -> Any:
         pg = placement_group([self._bundle() for _ in range(n)], strategy=strategy)
-        ready, _ = ray.wait([pg.ready()], timeout=self.cfg.runtime.stage_timeout_s)
+        ready, _ = ray.wait([pg.ready()], timeout=self.cfg.runtime.placement_timeout_s)
         if not ready:
             remove_placement_group(pg)
             have = ray.available_resources()
             short_gpu = self._bundle().get("GPU", 0) * n > have.get("GPU", 0)
             fix = "lower runtime.gpus_per_stage" if short_gpu else "lower runtime.cpus_per_stage"
             raise PipelineError(
-                f"cannot place {n} stage(s) of {self._bundle()} within {self.cfg.runtime.stage_timeout_s:g}s "
+                f"cannot place {n} stage(s) of {self._bundle()} within runtime.placement_timeout_s="
+                f"{self.cfg.runtime.placement_timeout_s:g}s "
                 f"(available: CPU {have.get('CPU', 0):g}, GPU {have.get('GPU', 0):g}); {fix} or add resources"
             )
         return pg
 
     def _launch(self, index: int, pg: Any, bundle_index: int, owns_pg: bool) -> _StageSlot:
         b = self._bundle()
-        actor = ray.remote(Stage).options(
+        actor = ray.remote(concurrency_groups={"control": 1})(Stage).options(
             name=f"{self.run_name}/stage{index}",
             namespace=NAMESPACE,
             num_cpus=b["CPU"],
@@ -296,13 +401,22 @@ class Controller:
         for up, down in zip(slots, slots[1:], strict=False):
             self._get(up.handle.set_downstream.remote(down.handle), "wiring the stages")
 
-    def _wait_epoch(self, ref: Any) -> dict[str, Any]:
-        # An epoch has no fixed length; the wait still ends: a dead stage fails this ref at once, and every
-        # stage gives up on a packet after runtime.stage_timeout_s.
+    def _wait_epoch(self, ref: Any) -> tuple[dict[str, Any], GrowOrder | None]:
+        """Stage 0's stats for this run_epoch call, and the grow request prepared meanwhile (if any), for
+        which stage 0 was asked to pause.
+
+        An epoch has no fixed length; the wait still ends: a dead stage fails this ref at once, and every
+        stage gives up on a packet after runtime.stage_timeout_s."""
+        order: GrowOrder | None = None
         while True:
-            ready, _ = ray.wait([ref], timeout=1.0)
+            ready, _ = ray.wait([ref], timeout=0.2)
             if ready:
-                return ray.get(ref)
+                return ray.get(ref), order
+            if order is None and not self.orders.empty():
+                nxt = self.orders.get()
+                if self._prepare_order(nxt):  # training goes on while the block is placed and built
+                    order = nxt
+                    self.slots[0].handle.request_pause.remote()
 
     def _evaluate(self) -> dict[str, Any]:
         topology = [s.spec.to_dict() for s in self.slots]
@@ -357,6 +471,12 @@ class Controller:
             return ray.get(refs, timeout=timeout)
         except ray.exceptions.GetTimeoutError:
             raise PipelineError(f"{what} took more than runtime.stage_timeout_s={timeout:g}s") from None
+
+    def shutdown(self) -> None:
+        """Release every stage actor and placement group now (the driver calls this before killing the
+        controller: placement groups outlive the actor that made them)."""
+        self._reject_pending(f"run {self.run_name!r} was stopped")
+        self._cleanup()
 
     def _cleanup(self) -> None:
         for slot in self.slots:
@@ -426,7 +546,7 @@ def launch_controller(cfg: RunConfig, run_name: str) -> Any:
             name=run_name,
             namespace=NAMESPACE,
             num_cpus=0,
-            max_concurrency=4,
+            max_concurrency=16,  # run() + progress polls + grow() calls waiting for their turn
             runtime_env={"env_vars": envvars.forwarded()},
         )
         .remote(cfg, run_name)

@@ -3,6 +3,7 @@ progress, return the result, clean up."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -116,6 +117,8 @@ class Pipeline:
     def stop(self) -> None:
         """Kill the controller (its stages are already gone) and disconnect if this handle connected."""
         if self.controller is not None:
+            with contextlib.suppress(ray.exceptions.RayError):  # already gone: its resources went with it
+                ray.get(self.controller.shutdown.remote(), timeout=30)
             ray.kill(self.controller, no_restart=True)
             self.controller = None
             time.sleep(0.1)  # let the name be released before a next run reuses it

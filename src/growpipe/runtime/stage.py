@@ -11,6 +11,7 @@ Stage is a plain class (testable without Ray); the controller applies `ray.remot
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from typing import Any
@@ -83,6 +84,8 @@ class Stage:
         self.recording = False
         self.stats = StageStats()
         self.packets_seen = 0
+        self._pause = threading.Event()
+        self.delay_s = envvars.step_delay_s()
         fault = envvars.fault_at()
         self.fault_step = fault[1] if fault and fault[0] == index else None
 
@@ -113,8 +116,12 @@ class Stage:
         return _cpu_copy(self._require_block().state_dict())
 
     # ---- the per-batch path -------------------------------------------------------------------------
-    def run_epoch(self, epoch: int, side_groups: tuple[str, ...]) -> dict[str, Any]:
-        """Stage 0: stream one epoch of training batches through the pipeline; returns this stage's stats."""
+    def run_epoch(self, epoch: int, side_groups: tuple[str, ...], start_batch: int = 0) -> dict[str, Any]:
+        """Stage 0: stream one epoch of training batches (from `start_batch` on) through the pipeline.
+
+        Returns this stage's stats; `paused_at` is the batch it stopped before when `request_pause` came
+        (None when the epoch ran to its end). Everything sent before the pause has been taken downstream.
+        """
         if self.bundle is None:
             raise StageError(f"stage {self.index} has no data: only stage 0 reads the dataset")
         batches = iterate_batches(
@@ -124,15 +131,27 @@ class Stage:
             seed=self.cfg.seed,
             epoch=epoch,
             side_groups=side_groups,
+            start_batch=start_batch,
         )
+        paused_at = None
+        self._pause.clear()  # a pause asked for after the previous call had ended is moot
         while True:
             t0 = time.perf_counter()
             p = next(batches, None)
             self.stats.wait_input_s += time.perf_counter() - t0
             if p is None:
                 break
+            if self._pause.is_set():
+                paused_at = p.index
+                break
             self._process(p.to(self.device))
-        return self.flush()
+        self._pause.clear()
+        return {**self.flush(), "paused_at": paused_at}
+
+    @ray.method(concurrency_group="control")
+    def request_pause(self) -> None:
+        """Stage 0: stop the running epoch before its next batch (answered while run_epoch is busy)."""
+        self._pause.set()
 
     def push(self, packets: list[Packet], sent_at: float) -> None:
         """Called by the previous stage with its next packets; trains on each and passes the outputs on."""
@@ -169,6 +188,8 @@ class Stage:
             if self.packets_seen == self.fault_step:
                 raise RuntimeError(f"injected failure ({envvars.GROWPIPE_FAULT_AT})")
             out, metrics = block.train_step(p)
+            if self.delay_s:
+                time.sleep(self.delay_s)
         except Exception as e:  # any failure of the block, reported with the stage that hit it
             raise StageError(
                 f"stage {self.index} (block {block.index}, {type(block).__name__}) failed: {type(e).__name__}: {e}"

@@ -1,0 +1,71 @@
+"""When a net grows: the schedule / every-N-epochs / plateau policies, and the growth history.
+
+Both runtimes ask the same `GrowthPlan` after every epoch, so the reference trainer and the Ray pipeline
+grow at the same points. Growth asked for from outside a running job is recorded in the same history.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from growpipe.config import GrowStep, RunConfig
+
+
+class GrowthPlan:
+    """Which growth steps are due after a given number of finished epochs."""
+
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+        self.policy = cfg.grow.policy()
+        self.total_epochs = cfg.total_epochs()
+        self.last_growth_epoch = 0
+        self._scheduled: dict[int, list[GrowStep]] = {}
+        at = cfg.train.epochs
+        for step in cfg.grow.schedule:
+            self._scheduled.setdefault(at, []).append(step)
+            at += step.epochs
+
+    def due(self, epoch: int, history: list[dict[str, Any]], depth: int) -> list[GrowStep]:
+        """Steps to apply now, after `epoch` finished epochs (0: before training) at the current depth."""
+        if self.policy == "schedule":
+            return list(self._scheduled.get(epoch, []))
+        if self.policy == "none" or epoch in (0, self.total_epochs) or depth >= self.cfg.max_blocks():
+            return []
+        since = epoch - self.last_growth_epoch
+        if self.policy == "every_epochs":
+            return [self.cfg.grow.step] if since >= (self.cfg.grow.every_epochs or 0) else []
+        plateau = self.cfg.grow.on_plateau
+        assert plateau is not None
+        vals = [h["val_accuracy"] for h in history[len(history) - since :] if h.get("val_accuracy") is not None]
+        if len(vals) <= plateau.patience:
+            return []
+        best_before = max(vals[: -plateau.patience])
+        return [self.cfg.grow.step] if max(vals[-plateau.patience :]) < best_before + plateau.min_delta else []
+
+    def grew(self, epoch: int) -> None:
+        """Note a growth (from the plan or from outside) after `epoch` finished epochs."""
+        self.last_growth_epoch = epoch
+
+
+def growth_event(
+    epoch: int, step: GrowStep, blocks: int, history: list[dict[str, Any]], source: str, batch: int | None = None
+) -> dict[str, Any]:
+    """One entry of the growth history; acc_after is filled in by `note_epoch` as training goes on."""
+    return {
+        "epoch": epoch,
+        "batch": batch,
+        "kind": step.kind,
+        "group": step.group,
+        "width": step.width,
+        "blocks": blocks,
+        "source": source,
+        "acc_before": history[-1]["test_accuracy"] if history else None,
+        "acc_after": None,
+    }
+
+
+def note_epoch(growth: list[dict[str, Any]], row: dict[str, Any]) -> None:
+    """After an epoch: the newest growth's acc_after becomes this epoch's accuracy (so at the end of its
+    phase it holds the accuracy the grown net reached before the next growth)."""
+    if growth and growth[-1]["epoch"] < row["epoch"]:
+        growth[-1]["acc_after"] = row["test_accuracy"]

@@ -1,0 +1,56 @@
+"""Talking to a running job from outside it: find its controller by run name, ask it to grow."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import ray
+
+from growpipe.errors import PipelineError
+from growpipe.runtime import NAMESPACE
+
+
+def connect_existing(address: str | None = None) -> None:
+    """Join the cluster a job runs on: `address`, else $RAY_ADDRESS, else the newest local one (auto)."""
+    if ray.is_initialized():
+        return
+    target = address or os.environ.get("RAY_ADDRESS") or "auto"
+    try:
+        ray.init(address=target, namespace=NAMESPACE, log_to_driver=False)
+    except ConnectionError as e:
+        raise PipelineError(
+            f"no Ray cluster at {target!r} ({str(e).splitlines()[0]}); start the run first or pass --address"
+        ) from None
+
+
+def running_runs() -> list[str]:
+    """Names of the runs whose controllers live on this cluster."""
+    actors = ray.util.list_named_actors(all_namespaces=True)
+    return sorted(a["name"] for a in actors if a.get("namespace") == NAMESPACE and "/stage" not in a["name"])
+
+
+def find_run(name: str) -> Any:
+    """The controller handle of run `name`; PipelineError naming the runs there are when it does not exist."""
+    try:
+        return ray.get_actor(name, namespace=NAMESPACE)
+    except ValueError:
+        runs = running_runs()
+        there = f"running: {', '.join(runs)}" if runs else "no growpipe run is running there"
+        raise PipelineError(f"--run: no run named {name!r} on this cluster ({there})") from None
+
+
+def request_growth(name: str, request: dict[str, Any], timeout_s: float = 600.0) -> dict[str, Any]:
+    """Ask run `name` to append a block; returns what was added. PipelineError when it refuses."""
+    controller = find_run(name)
+    try:
+        answer = ray.get(controller.grow.remote(request), timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        raise PipelineError(
+            f"run {name!r} did not answer within {timeout_s:g}s; the block may still be added (check its log)"
+        ) from None
+    except ray.exceptions.RayActorError:
+        raise PipelineError(f"run {name!r} ended before it answered") from None
+    if "error" in answer:
+        raise PipelineError(answer["error"])
+    return answer

@@ -1,0 +1,207 @@
+"""Growing a running job on a real local Ray: requests from outside, refusals, policies, the pause."""
+
+import math
+import threading
+import time
+
+import pytest
+import ray
+
+from growpipe.config import build_config
+from growpipe.errors import PipelineError
+from growpipe.growth import GrowthPlan
+from growpipe.local import train_local
+from growpipe.runtime.client import request_growth
+from growpipe.runtime.controller import stage_env
+from growpipe.runtime.pipeline import Pipeline
+from growpipe.runtime.stage import Stage
+from tests.conftest import tiny_config
+from tests.test_runtime import _assert_same_weights
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+BATCH = 32
+
+
+def _slow_run(name: str, epochs: int, **extra):
+    return tiny_config(
+        name=name,
+        method="dascpl",
+        threads=1,
+        data={"batch_size": BATCH, "limit_train": 640},
+        train={"epochs": epochs},
+        grow={"max_blocks": 6},
+        **extra,
+    )
+
+
+class _Background:
+    """p.train() in a thread, its progress lines and result (or error) kept for the test."""
+
+    def __init__(self, p: Pipeline):
+        self.lines: list[str] = []
+        self.errors: list[BaseException] = []
+        self.results: list[dict] = []
+        self.thread = threading.Thread(target=self._run, args=(p,))
+        self.thread.start()
+
+    def _run(self, p: Pipeline) -> None:
+        try:
+            self.results.append(p.train(progress=self.lines.append))
+        except BaseException as e:  # handed to the test thread
+            self.errors.append(e)
+
+    def result(self, timeout: float = 180) -> dict:
+        self.thread.join(timeout=timeout)
+        assert not self.thread.is_alive() and not self.errors, self.errors
+        return self.results[0]
+
+
+def _wait_for_epoch(p: Pipeline, epoch: int, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while ray.get(p.controller.status.remote())["epoch"] < epoch:
+        assert time.time() < deadline, "the run did not reach the epoch in time"
+        time.sleep(0.1)
+
+
+def test_requests_grow_a_running_job_one_at_a_time_and_bad_ones_change_nothing(monkeypatch):
+    # 20 batches x 350 ms: an epoch outlasts placing and building a new stage (about 4 s here), so the
+    # first request lands mid-epoch
+    monkeypatch.setenv("GROWPIPE_STEP_DELAY_MS", "350")
+    epochs = 2
+    cfg = _slow_run("growing", epochs=epochs)
+    with Pipeline(cfg) as p:
+        run = _Background(p)
+        _wait_for_epoch(p, 1)
+        answers: list[dict] = []
+        asks = [{"kind": "layer", "width": 48}, {"kind": "layer", "width": 40, "input_size": None}]
+        askers = [threading.Thread(target=lambda r=r: answers.append(request_growth("growing", r))) for r in asks]
+        for t in askers:
+            t.start()
+        bad = [
+            ({"kind": "layer", "input_size": 7}, "input_size 7 does not match block 1's output"),
+            ({"kind": "feature", "group": "chunk9"}, "unknown feature group 'chunk9'"),
+            ({"kind": "layr"}, "kind"),
+        ]
+        for request, needle in bad:  # answered at once, while the good ones are being served
+            with pytest.raises(PipelineError, match=needle):
+                request_growth("growing", request)
+        for t in askers:
+            t.join(timeout=120)
+        result = run.result()
+        net = p.final_net()
+    assert sorted(a["block"] for a in answers) == [2, 3]  # one after the other, never both on block 1
+    assert [g["blocks"] for g in result["growth"]] == [3, 4] and result["blocks"] == 4
+    assert all(g["source"] == "request" for g in result["growth"])
+    assert result["growth"][0]["batch"] is not None  # mid-epoch: the pipeline paused, grew and resumed
+    with pytest.raises(PipelineError, match="no run named 'growing'"):
+        request_growth("growing", {"kind": "layer"})
+    # no packet lost: every stage saw every batch from the moment it joined, the earlier stages all of them
+    per_epoch = 640
+    stages = {s["stage"]: s for s in result["stages"]}
+    assert stages[0]["samples"] == stages[1]["samples"] == epochs * per_epoch
+    for event in result["growth"]:
+        joined = event["epoch"] * per_epoch + (event["batch"] or 0) * BATCH
+        assert stages[event["block"]]["samples"] == epochs * per_epoch - joined
+    # the frozen blocks stopped learning when the first block was appended
+    first = result["growth"][0]
+    steps_before = first["epoch"] * math.ceil(per_epoch / BATCH) + (first["batch"] or 0)
+    assert [b.steps for b in net.blocks[:2]] == [steps_before, steps_before]
+    assert net.blocks[2].frozen and not net.blocks[3].frozen
+    assert sorted(b.spec.encoder.params["width"] for b in net.blocks[2:]) == [40, 48]
+    assert any(line.startswith("grow   +layer block 3") for line in run.lines)
+
+
+def test_a_finished_run_refuses_to_grow():
+    cfg = tiny_config(name="finished", threads=1)
+    with Pipeline(cfg) as p:
+        p.train(progress=None)
+        with pytest.raises(PipelineError, match="run 'finished' has finished; nothing to grow"):
+            request_growth("finished", {"kind": "layer"})
+
+
+def test_stage_zero_pauses_before_its_next_batch_and_resumes_there(monkeypatch):
+    monkeypatch.setenv("GROWPIPE_STEP_DELAY_MS", "50")
+    cfg = tiny_config(threads=1, data={"batch_size": BATCH, "limit_train": 640})
+    actor = ray.remote(concurrency_groups={"control": 1})(Stage).options(
+        num_cpus=1, runtime_env={"env_vars": stage_env()}
+    )
+    stage = actor.remote(0, cfg)
+    info, _ = ray.get(stage.load_data.remote())
+    from growpipe.nn.net import plan_blocks
+
+    ray.get(stage.setup.remote(plan_blocks(cfg, info)[0], info))
+    ref = stage.run_epoch.remote(1, ())
+    time.sleep(0.4)
+    ray.get(stage.request_pause.remote(), timeout=5)  # answered while run_epoch is busy
+    first = ray.get(ref, timeout=30)
+    assert 0 < first["paused_at"] < 20 and first["batches"] == first["paused_at"]
+    rest = ray.get(stage.run_epoch.remote(1, (), first["paused_at"]), timeout=30)
+    assert rest["paused_at"] is None and first["batches"] + rest["batches"] == 20
+    ray.kill(stage)
+
+
+@pytest.mark.parametrize("grow", [{"every_epochs": 1, "max_blocks": 4}])
+def test_every_epochs_grows_the_same_on_ray_as_in_the_reference(grow):
+    cfg = tiny_config(name="every", method="scpl", threads=1, train={"epochs": 3}, grow=grow)
+    reference = train_local(cfg, progress=None)
+    with Pipeline(cfg) as p:
+        result = p.train(progress=None)
+        net = p.final_net()
+    assert [g["epoch"] for g in result["growth"]] == [1, 2] == [g["epoch"] for g in reference.growth]
+    assert result["blocks"] == 4
+    _assert_same_weights(reference.net, net, atol=1e-6)
+
+
+def _rows(vals: list[float]) -> list[dict]:
+    return [{"epoch": i + 1, "test_accuracy": v, "val_accuracy": v} for i, v in enumerate(vals)]
+
+
+def test_on_plateau_grows_after_patience_epochs_without_improvement():
+    cfg = build_config(
+        {
+            "data": {"val_fraction": 0.1},
+            "train": {"epochs": 10},
+            "grow": {"on_plateau": {"patience": 2, "min_delta": 0.01}, "max_blocks": 3},
+        }
+    )
+    plan = GrowthPlan(cfg)
+    assert plan.due(2, _rows([0.5, 0.6]), 2) == []
+    assert plan.due(3, _rows([0.5, 0.6, 0.605]), 2) == []  # only one epoch without improvement
+    assert len(plan.due(4, _rows([0.5, 0.6, 0.605, 0.6]), 2)) == 1
+    plan.grew(4)
+    assert plan.due(5, _rows([0.5, 0.6, 0.605, 0.6, 0.6]), 3) == []  # at max_blocks
+    assert plan.due(6, _rows([0.5, 0.6, 0.605, 0.6, 0.6, 0.6]), 2) == []  # counts from the growth again
+
+
+def test_on_plateau_runs_in_the_reference_trainer_on_a_validation_split():
+    cfg = tiny_config(
+        data={"val_fraction": 0.2},
+        train={"epochs": 8, "lr": 1e-5},  # barely learns: a plateau at once
+        grow={"on_plateau": {"patience": 1, "min_delta": 0.05}, "max_blocks": 3},
+    )
+    result = train_local(cfg, progress=None)
+    assert all(h["val_accuracy"] is not None for h in result.history)
+    assert result.net.depth == 3 and [g["source"] for g in result.growth] == ["on_plateau"]
+
+
+def test_growpipe_grow_command_reaches_a_running_job_by_name(monkeypatch):
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("GROWPIPE_STEP_DELAY_MS", "150")
+    cfg = _slow_run("cli-grow", epochs=4)
+    address = ray.get_runtime_context().gcs_address
+    cli = [sys.executable, "-m", "growpipe.cli", "grow", "--address", address]
+    with Pipeline(cfg) as p:
+        run = _Background(p)
+        _wait_for_epoch(p, 1)
+        ok = subprocess.run([*cli, "--run", "cli-grow", "--spec", "{kind: layer, width: 32}"],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+        missing = subprocess.run([*cli, "--run", "nosuch"], capture_output=True, text=True, timeout=120)
+        result = run.result()
+    assert ok.returncode == 0, ok.stderr
+    assert "run cli-grow: +layer block 2 -> 3 blocks, stage actor cli-grow/stage2" in ok.stdout
+    assert missing.returncode == 2
+    assert "no run named 'nosuch' on this cluster (running: cli-grow)" in missing.stderr
+    assert result["blocks"] == 3
