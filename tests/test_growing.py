@@ -23,15 +23,15 @@ pytestmark = pytest.mark.usefixtures("ray_session")
 BATCH = 32
 
 
-def _slow_run(name: str, epochs: int, **extra):
+def _slow_run(name: str, epochs: int):
+    # no prefix cache: every stage sees every packet from the moment it joins (the cache has its own tests)
     return tiny_config(
         name=name,
         method="dascpl",
         threads=1,
         data={"batch_size": BATCH, "limit_train": 640},
         train={"epochs": epochs},
-        grow={"max_blocks": 6},
-        **extra,
+        grow={"max_blocks": 6, "cache": {"enabled": False}},
     )
 
 
@@ -205,3 +205,46 @@ def test_growpipe_grow_command_reaches_a_running_job_by_name(monkeypatch):
     assert missing.returncode == 2
     assert "no run named 'nosuch' on this cluster (running: cli-grow)" in missing.stderr
     assert result["blocks"] == 3
+
+
+@pytest.mark.parametrize(
+    ("method", "extra"),
+    [
+        ("al", {}),
+        ("dascpl", {"data": {"feature_groups": {"scheme": "bands", "count": 2, "base": 1}}}),
+    ],
+)
+def test_prefix_cache_trains_the_new_block_like_the_reference_while_frozen_stages_idle(method, extra):
+    steps = [{"kind": "layer", "epochs": 2}]
+    if extra:
+        steps.append({"kind": "feature", "group": "band1", "epochs": 2})
+    else:
+        steps.append({"kind": "layer", "epochs": 2})
+    cfg = tiny_config(name=f"cache-{method}", method=method, threads=1, train={"epochs": 1},
+                      grow={"schedule": steps}, **extra)  # fmt: skip
+    reference = train_local(cfg, progress=None)
+    with Pipeline(cfg) as p:
+        result = p.train(progress=None)
+        net = p.final_net()
+    _assert_same_weights(reference.net, net, atol=1e-5)
+    assert [(c["epoch"], c["block"]) for c in result["prefix_caches"]] == [(1, 2), (3, 3)]
+    assert all("in memory" in c["where"] for c in result["prefix_caches"])
+    n = len(reference.bundle.train)
+    samples = {s["stage"]: s["samples"] for s in result["stages"]}
+    # stage 0 streams epoch 1 and the two cache passes' epochs from the data, then only the passes
+    assert samples == {0: n, 1: n, 2: 2 * n, 3: 2 * n}
+    assert result["frozen_unchanged"] is True and reference.summary()["frozen_unchanged"] is True
+
+
+def test_prefix_cache_spills_to_disk_or_is_refused_past_its_memory_bound(tmp_path):
+    grow = {"schedule": [{"kind": "layer", "epochs": 1}], "cache": {"max_memory_mb": 0.01}}
+    spill = dict(grow, cache={"max_memory_mb": 0.01, "spill_dir": str(tmp_path)})
+    cfg = tiny_config(name="spill", threads=1, grow=spill)
+    with Pipeline(cfg) as p:
+        result = p.train(progress=None)
+    assert f"on disk in {tmp_path}" in result["prefix_caches"][0]["where"]
+    assert not list(tmp_path.iterdir())  # removed with the stage
+    refused = tiny_config(name="nospill", threads=1, grow=dict(grow, cache={"max_memory_mb": 0.01, "spill": False}))
+    needle = r"cache needs 0.421 MB, more than grow.cache.max_memory_mb=0.01; raise it, or set grow.cache.spill"
+    with pytest.raises(PipelineError, match=needle), Pipeline(refused) as p:
+        p.train(progress=None)

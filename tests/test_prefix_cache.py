@@ -43,7 +43,7 @@ def test_cache_yields_the_loader_order_of_every_epoch(max_mb, tmp_path):
 
 def test_cache_over_its_bound_without_spill_is_refused_before_allocating():
     cache = PrefixCache(10**9, max_mb=1, spill=False)
-    with pytest.raises(StageError, match="needs .* MB, more than grow.cache.max_memory_mb=1; raise it"):
+    with pytest.raises(StageError, match=r"needs 3.82e\+06 MB, more than grow.cache.max_memory_mb=1; raise it"):
         cache.append(Packet(x=torch.zeros(4, 1000), y=torch.zeros(4, dtype=torch.long)))
 
 

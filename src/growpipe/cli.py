@@ -91,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run bench/NAME.py of this source checkout; the other arguments go to it (see NAME --help).",
     )
     be.add_argument("name", choices=sorted(BENCHES), help="pipeline: Ray pipeline vs sequential, BP, torch GPipe; "
-                    "reference: accuracy and seconds/epoch per learning rule")  # fmt: skip
+                    "reference: accuracy and seconds/epoch per learning rule; growth: accuracy across growth, "
+                    "the frozen-prefix cache, adaptive exits")  # fmt: skip
     be.add_argument("args", nargs=argparse.REMAINDER, help="e.g. --quick --json-out FILE")
 
     da = sub.add_parser("data", help="list datasets or check that one loads")
@@ -222,7 +223,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
-BENCHES = {"pipeline": "pipeline.py", "reference": "reference.py"}
+BENCHES = {"growth": "growth.py", "pipeline": "pipeline.py", "reference": "reference.py"}
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:

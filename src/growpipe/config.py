@@ -209,6 +209,19 @@ class PlateauSpec(_Strict):
     min_delta: float = Field(0.002, ge=0.0)
 
 
+class CacheSpec(_Strict):
+    """The frozen-prefix cache (Ray runtime): after a growth with the earlier blocks frozen, their output
+    for every training sample is computed once and the new block trains from it."""
+
+    enabled: bool = True
+    max_memory_mb: float = Field(1024.0, gt=0)
+    """Largest cache kept in the training stage's memory."""
+    spill: bool = True
+    """Past max_memory_mb keep the cache in memory-mapped files on the stage's local disk (else refuse)."""
+    spill_dir: str | None = None
+    """Directory for spilled caches (default: the system temp directory)."""
+
+
 class GrowSpec(_Strict):
     """When the net grows: an explicit schedule, every N epochs, or on a validation plateau.
 
@@ -226,6 +239,7 @@ class GrowSpec(_Strict):
     """Most blocks the net may reach (by any kind of growth); default: net.blocks + len(schedule)."""
     freeze: bool = True
     """Freeze earlier blocks when a block is appended (only the new block trains)."""
+    cache: CacheSpec = CacheSpec()
 
     @model_validator(mode="after")
     def _one_policy(self) -> GrowSpec:

@@ -47,6 +47,24 @@ class GrowthPlan:
         self.last_growth_epoch = epoch
 
 
+class FrozenWatch:
+    """Checksums of blocks taken when they were frozen, compared at the end: did they stay bit-identical?"""
+
+    def __init__(self) -> None:
+        self.at_freeze: dict[int, str] = {}
+
+    def note(self, sums: dict[int, str]) -> None:
+        """Record the checksums of blocks frozen now (the first checksum of a block is the one kept)."""
+        for i, s in sums.items():
+            self.at_freeze.setdefault(i, s)
+
+    def unchanged(self, sums: dict[int, str]) -> bool | None:
+        """True when every watched block still has its checksum; None when no block was frozen."""
+        if not self.at_freeze:
+            return None
+        return all(sums.get(i) == s for i, s in self.at_freeze.items())
+
+
 def growth_event(
     epoch: int, step: GrowStep, blocks: int, history: list[dict[str, Any]], source: str, batch: int | None = None
 ) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from growpipe.config import RunConfig
 from growpipe.data import DataBundle, iterate_batches, load_data
 from growpipe.device import resolve_device, set_cpu_threads
 from growpipe.evaluation import evaluate_net
-from growpipe.growth import GrowthPlan, growth_event, note_epoch
+from growpipe.growth import FrozenWatch, GrowthPlan, growth_event, note_epoch
 from growpipe.nn.net import GrowableNet
 from growpipe.nn.specs import InputInfo
 from growpipe.report import epoch_row, format_epoch, summarize
@@ -46,10 +46,11 @@ class TrainResult:
     evaluation: dict[str, Any] = field(default_factory=dict)
     train_seconds: float = 0.0
     samples_seen: int = 0
+    frozen_unchanged: bool | None = None
 
     def summary(self) -> dict[str, Any]:
         """The result JSON (see growpipe.report.summarize)."""
-        return summarize(
+        summary = summarize(
             self.net.cfg,
             self.net.depth,
             self.history,
@@ -58,6 +59,8 @@ class TrainResult:
             self.train_seconds,
             self.samples_seen,
         )
+        summary["frozen_unchanged"] = self.frozen_unchanged
+        return summary
 
 
 def _epoch(net: GrowableNet, bundle: DataBundle, cfg: RunConfig, epoch: int) -> tuple[dict[str, float], int, float]:
@@ -93,6 +96,7 @@ def train_local(cfg: RunConfig, progress: Progress | None = print, bundle: DataB
     say(f"net    {cfg.method} on {cfg.net.backbone}, {net.depth} blocks, device {device}")
     result = TrainResult(net=net, bundle=bundle)
     plan = GrowthPlan(cfg)
+    watch = FrozenWatch()
     epoch = 0
     ev: dict[str, Any] | None = None
 
@@ -101,6 +105,7 @@ def train_local(cfg: RunConfig, progress: Progress | None = print, bundle: DataB
         for step in plan.due(epoch, result.history, net.depth):
             event = growth_event(epoch, step, net.depth + 1, result.history, plan.policy)
             block = net.grow(step)
+            watch.note({b.index: b.checksum() for b in net.blocks if b.frozen})
             plan.grew(epoch)
             ev = None
             result.growth.append(event)
@@ -119,5 +124,6 @@ def train_local(cfg: RunConfig, progress: Progress | None = print, bundle: DataB
         note_epoch(result.growth, row)
         say(format_epoch(row))
         grow_if_due()
+    result.frozen_unchanged = watch.unchanged({b.index: b.checksum() for b in net.blocks})
     result.evaluation = ev or evaluate_net(net, bundle, cfg)  # the last epoch's, unless the net changed since
     return result

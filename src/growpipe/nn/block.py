@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -166,6 +167,14 @@ class Block:
             "frozen": self.frozen,
             "steps": self.steps,
         }
+
+    def checksum(self) -> str:
+        """SHA-256 of every module tensor (parameters and buffers): equal iff the weights are bit-identical."""
+        h = hashlib.sha256()
+        for name, t in sorted(self.modules.state_dict().items()):
+            h.update(name.encode())
+            h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.modules.load_state_dict(state["modules"])

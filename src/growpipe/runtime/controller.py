@@ -28,7 +28,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from growpipe import envvars
 from growpipe.config import GrowStep, RunConfig, parse_grow_request
 from growpipe.errors import ConfigError, GrowpipeError, PipelineError, ShapeError, StageError
-from growpipe.growth import GrowthPlan, growth_event, note_epoch
+from growpipe.growth import FrozenWatch, GrowthPlan, growth_event, note_epoch
 from growpipe.nn.net import plan_blocks, plan_growth_block
 from growpipe.nn.specs import BlockSpec, InputInfo
 from growpipe.report import epoch_row, format_epoch, summarize
@@ -87,6 +87,10 @@ class Controller:
         self.plan = GrowthPlan(cfg)
         self.due: list[GrowStep] = []
         self.orders: queue.Queue[GrowOrder] = queue.Queue()
+        self.source = 0  # the stage that streams the epochs: 0 (the data) or the prefix-cache holder
+        self.cache_due = False
+        self.watch = FrozenWatch()
+        self.caches: list[dict[str, Any]] = []
         self.epoch = 0
         self.history: list[dict[str, Any]] = []
         self.growth: list[dict[str, Any]] = []
@@ -157,6 +161,8 @@ class Controller:
     def _training(self) -> State:
         while not self.orders.empty():  # asked for between two epochs: no pause needed
             self._serve_order(self.orders.get())
+        if self.cache_due:
+            self._build_cache()
         self.epoch += 1
         record = self.epoch == self.cfg.runtime.timeline_epoch
         if record:
@@ -165,11 +171,12 @@ class Controller:
         parts: list[list[dict[str, Any]]] = []
         start_batch = 0
         while True:
-            epoch_ref = self.slots[0].handle.run_epoch.remote(self.epoch, self._side_groups(), start_batch)
+            source = self.source
+            epoch_ref = self.slots[source].handle.run_epoch.remote(self.epoch, self._side_groups(), start_batch)
             first, order = self._wait_epoch(epoch_ref)
             stats = [first]
-            for slot in self.slots[1:]:
-                stats.append(self._get(slot.handle.flush.remote(), f"stage {len(stats)} draining"))
+            for i, slot in enumerate(self.slots[source + 1 :], source + 1):
+                stats.append(self._get(slot.handle.flush.remote(), f"stage {i} draining"))
             parts.append(stats)
             if order is not None:  # prepared while the epoch ran; the pipeline is drained now
                 self._attach_order(order, batch=first["paused_at"])
@@ -289,6 +296,12 @@ class Controller:
         last = self.slots[-1]
         if self.cfg.grow.freeze:
             self._get_all([s.handle.freeze.remote() for s in self.slots], "freezing the earlier stages")
+            sums = self._get_all([s.handle.checksum.remote() for s in self.slots], "checksumming frozen blocks")
+            self.watch.note(dict(enumerate(sums)))
+            self.cache_due = self.cfg.grow.cache.enabled
+        if self.source:  # the rest of this epoch streams from the data again; the next one from a new cache
+            self._get(self.slots[self.source].handle.drop_cache.remote(), "dropping the old prefix cache")
+            self.source = 0
         done_epochs = self.epoch if batch is None else self.epoch - 1
         event = growth_event(done_epochs, step, len(self.slots) + 1, self.history, source, batch)
         event["block"] = slot.spec.index
@@ -305,6 +318,35 @@ class Controller:
         for cb in self.callbacks:
             cb.on_growth(event)
         return event
+
+    def _build_cache(self) -> None:
+        """Send every training sample once through the frozen stages into the last stage's cache; from
+        now on the last stage streams the epochs from it and the frozen stages stop computing."""
+        k = len(self.slots) - 1
+        target = self.slots[k]
+        n = self._get(self.slots[0].handle.train_size.remote(), "counting the training samples")
+        self._get(target.handle.start_cache.remote(n), "preparing the prefix cache")
+        start = time.perf_counter()
+        self._wait_long(self.slots[0].handle.cache_pass.remote(self._side_groups()))
+        for i, slot in enumerate(self.slots[1:k], 1):
+            self._get(slot.handle.flush.remote(), f"stage {i} draining the cache pass")
+        where = self._get(target.handle.cache_info.remote(), "checking the prefix cache")
+        self.source = k
+        self.cache_due = False
+        seconds = time.perf_counter() - start
+        self.caches.append({"epoch": self.epoch, "block": k, "samples": n, "where": where, "seconds": seconds})
+        self._say(
+            f"cache  block {k} trains from the frozen prefix's outputs ({where}, computed in {seconds:.1f}s); "
+            f"stages 0-{k - 1} stop computing"
+        )
+
+    def _wait_long(self, ref: Any) -> Any:
+        """Wait for work of no fixed length; a dead stage fails `ref` at once, a stuck packet times out
+        inside the stages (runtime.stage_timeout_s)."""
+        while True:
+            ready, _ = ray.wait([ref], timeout=1.0)
+            if ready:
+                return ray.get(ref)
 
     def _last_spec(self) -> BlockSpec:
         spec = self.slots[-1].spec
@@ -338,6 +380,9 @@ class Controller:
         hops = [s["hop_ms_median"] for s in summary["stages"] if s["hop_ms_median"] is not None]
         summary["hop_overhead_ms"] = sorted(hops)[len(hops) // 2] if hops else None
         summary["timeline"] = {"traceEvents": self.timeline, "displayTimeUnit": "ms"}
+        sums = self._get_all([s.handle.checksum.remote() for s in self.slots], "checksumming the blocks")
+        summary["frozen_unchanged"] = self.watch.unchanged(dict(enumerate(sums)))
+        summary["prefix_caches"] = self.caches
         self.final = {
             "topology": [s.spec.to_dict() for s in self.slots],
             "info": self.info,
@@ -416,7 +461,7 @@ class Controller:
                 nxt = self.orders.get()
                 if self._prepare_order(nxt):  # training goes on while the block is placed and built
                     order = nxt
-                    self.slots[0].handle.request_pause.remote()
+                    self.slots[self.source].handle.request_pause.remote()
 
     def _evaluate(self) -> dict[str, Any]:
         topology = [s.spec.to_dict() for s in self.slots]
@@ -479,6 +524,9 @@ class Controller:
         self._cleanup()
 
     def _cleanup(self) -> None:
+        if self.source and self.source < len(self.slots):  # a spilled cache's files go with it
+            with contextlib.suppress(Exception):
+                ray.get(self.slots[self.source].handle.drop_cache.remote(), timeout=10)
         for slot in self.slots:
             with contextlib.suppress(Exception):  # already dead
                 ray.kill(slot.handle, no_restart=True)

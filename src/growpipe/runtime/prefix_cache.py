@@ -88,7 +88,7 @@ class PrefixCache:
             return
         if not self.spill:
             raise StageError(
-                f"the frozen-prefix cache needs {need_mb:.0f} MB, more than grow.cache.max_memory_mb="
+                f"the frozen-prefix cache needs {need_mb:.3g} MB, more than grow.cache.max_memory_mb="
                 f"{self.max_mb:g}; raise it, or set grow.cache.spill: true to keep it on local disk"
             )
         self.dir = Path(tempfile.mkdtemp(prefix="growpipe-cache-", dir=self.spill_root))

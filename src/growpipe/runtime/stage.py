@@ -28,6 +28,7 @@ from growpipe.nn.block import Block
 from growpipe.nn.methods import build_block
 from growpipe.nn.packet import Packet
 from growpipe.nn.specs import BlockSpec, InputInfo
+from growpipe.runtime.prefix_cache import PrefixCache
 
 
 class StageStats:
@@ -85,6 +86,8 @@ class Stage:
         self.stats = StageStats()
         self.packets_seen = 0
         self._pause = threading.Event()
+        self.cache: PrefixCache | None = None
+        self._sending_cache = False  # what goes downstream now is a cache pass, not training
         self.delay_s = envvars.step_delay_s()
         fault = envvars.fault_at()
         self.fault_step = fault[1] if fault and fault[0] == index else None
@@ -111,28 +114,30 @@ class Stage:
         """Stop learning: the block only forwards from now on."""
         self._require_block().freeze()
 
+    def checksum(self) -> str:
+        """SHA-256 of the block's weights (to check that a frozen block stayed bit-identical)."""
+        return self._require_block().checksum()
+
     def state_dict(self) -> dict[str, Any]:
         """A CPU copy of the block's modules and optimizer state (the live block stays on its device)."""
         return _cpu_copy(self._require_block().state_dict())
 
     # ---- the per-batch path -------------------------------------------------------------------------
     def run_epoch(self, epoch: int, side_groups: tuple[str, ...], start_batch: int = 0) -> dict[str, Any]:
-        """Stage 0: stream one epoch of training batches (from `start_batch` on) through the pipeline.
+        """The source stage (stage 0 with the data, or the one holding the prefix cache): stream one
+        epoch of training batches (from `start_batch` on) through the pipeline.
 
         Returns this stage's stats; `paused_at` is the batch it stopped before when `request_pause` came
         (None when the epoch ran to its end). Everything sent before the pause has been taken downstream.
         """
-        if self.bundle is None:
-            raise StageError(f"stage {self.index} has no data: only stage 0 reads the dataset")
-        batches = iterate_batches(
-            self.bundle.train,
-            self.cfg.data.batch_size,
-            shuffle=True,
-            seed=self.cfg.seed,
-            epoch=epoch,
-            side_groups=side_groups,
-            start_batch=start_batch,
-        )
+        bs, seed = self.cfg.data.batch_size, self.cfg.seed
+        if self.cache is not None:
+            batches = self.cache.packets(bs, seed, epoch, start_batch)
+        elif self.bundle is not None:
+            batches = iterate_batches(self.bundle.train, bs, shuffle=True, seed=seed, epoch=epoch,
+                                      side_groups=side_groups, start_batch=start_batch)  # fmt: skip
+        else:
+            raise StageError(f"stage {self.index} has no data: stage 0 reads the dataset, a cache holder its cache")
         paused_at = None
         self._pause.clear()  # a pause asked for after the previous call had ended is moot
         while True:
@@ -153,8 +158,13 @@ class Stage:
         """Stage 0: stop the running epoch before its next batch (answered while run_epoch is busy)."""
         self._pause.set()
 
-    def push(self, packets: list[Packet], sent_at: float) -> None:
-        """Called by the previous stage with its next packets; trains on each and passes the outputs on."""
+    def push(self, packets: list[Packet], sent_at: float, cache_pass: bool = False) -> None:
+        """Called by the previous stage with its next packets; trains on each and passes the outputs on.
+
+        In a cache pass the stage filling its cache stores the packets; a frozen stage forwards them."""
+        if cache_pass:
+            self._take_cache_packets(packets)
+            return
         start = time.time()
         if self.stats.last_end is not None:
             free_at = max(sent_at, self.stats.last_end)
@@ -174,6 +184,7 @@ class Stage:
         out = self.stats.as_dict(self.index, type(self.block).__name__ if self.block else "?")
         self.stats = StageStats()
         self.recording = False
+        self._sending_cache = False
         return out
 
     def start_recording(self) -> None:
@@ -204,9 +215,7 @@ class Stage:
         if self.recording:
             st.events.append(_event("train_step", self.index, t0, t1, {"batch": p.index}))
         if self.downstream is not None:
-            self.pending.append(out)
-            if len(self.pending) >= self.group:
-                self._send()
+            self._queue(out)
         st.last_end = time.time()
 
     def _send(self) -> None:
@@ -220,7 +229,7 @@ class Stage:
         self.stats.blocked_s += t1 - t0
         if self.recording and t1 - t0 > 1e-4:
             self.stats.events.append(_event("blocked_downstream", self.index, t0, t1))
-        self.inflight.append((self.downstream.push.remote(group, time.time()), len(group)))
+        self.inflight.append((self.downstream.push.remote(group, time.time(), self._sending_cache), len(group)))
         self.inflight_packets += len(group)
         self.stats.max_inflight = max(self.stats.max_inflight, self.inflight_packets)
 
@@ -254,6 +263,65 @@ class Stage:
         except ray.exceptions.RayActorError as e:
             reason = str(e).splitlines()[0]
             raise StageError(f"stage {self.index + 1} died ({reason})") from None
+
+    # ---- the frozen-prefix cache ----------------------------------------------------------------------
+    def train_size(self) -> int:
+        """Stage 0: training samples per epoch."""
+        if self.bundle is None:
+            raise StageError(f"stage {self.index} has no data")
+        return len(self.bundle.train)
+
+    def start_cache(self, n: int) -> None:
+        """Get ready to store the frozen prefix's output for `n` samples (then train from it)."""
+        c = self.cfg.grow.cache
+        self.drop_cache()
+        self.cache = PrefixCache(n, c.max_memory_mb, c.spill, c.spill_dir)
+
+    def cache_pass(self, side_groups: tuple[str, ...]) -> int:
+        """Stage 0: send every training sample, in order, through the frozen stages to the cache holder."""
+        if self.bundle is None:
+            raise StageError(f"stage {self.index} has no data: the cache pass starts at stage 0")
+        block = self._require_block()
+        self._sending_cache = True
+        n = 0
+        for p in iterate_batches(self.bundle.train, self.cfg.data.batch_size, shuffle=False,
+                                 side_groups=side_groups):  # fmt: skip
+            self._queue(block.forward(p.to(self.device)))
+            n += p.batch_size
+        self.flush()
+        return n
+
+    def cache_info(self) -> str:
+        """Where the filled cache lives; StageError when it is not complete."""
+        if self.cache is None or not self.cache.complete:
+            have = f"{self.cache.filled} of {self.cache.n}" if self.cache else "no"
+            raise StageError(f"stage {self.index}: the cache pass left {have} samples in the cache")
+        return self.cache.describe()
+
+    def drop_cache(self) -> None:
+        """Forget the cache (another stage trains from the data or a newer cache now)."""
+        if self.cache is not None:
+            self.cache.close()
+            self.cache = None
+
+    def _take_cache_packets(self, packets: list[Packet]) -> None:
+        if self.cache is not None and not self.cache.complete:
+            for p in packets:
+                self.cache.append(p)
+            return
+        block = self._require_block()
+        if not block.frozen:
+            raise StageError(f"stage {self.index}: a cache pass reached a block that still learns")
+        self._sending_cache = True
+        for p in packets:
+            self._queue(block.forward(p.to(self.device)))
+
+    def _queue(self, out: Packet) -> None:
+        if self.downstream is None:
+            raise StageError(f"stage {self.index}: a cache pass reached the last stage without a cache")
+        self.pending.append(out)
+        if len(self.pending) >= self.group:
+            self._send()
 
     def _require_block(self) -> Block:
         if self.block is None:
