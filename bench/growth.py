@@ -64,6 +64,7 @@ def suite_config(
         f"grow.schedule=[{steps}]",
         f"grow.cache.enabled={str(cache).lower()}",
         "runtime.timeline_epoch=0",
+        "tracking.mlflow=false",
     ]
     if limit_train:
         overrides.append(f"data.limit_train={limit_train}")

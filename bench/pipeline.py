@@ -60,6 +60,7 @@ def bench_config(
             "scpl": {"projector": "linear", "proj_dim": 128},
             "train": {"epochs": epochs},
             "runtime": {"window": 4, "cpus_per_stage": 1, "timeline_epoch": 0},
+            "tracking": {"mlflow": False},  # a benchmark measures, it does not record runs
         }
     )
 

@@ -28,7 +28,7 @@ def run_suite(suite: str, methods: list[str], overrides: list[str], progress: bo
     rows = []
     for method in methods:
         config = REPO / "configs" / f"{suite}-{method}.yaml"
-        cfg = load_config(config, overrides)
+        cfg = load_config(config, [*overrides, "tracking.mlflow=false"])
         command = " ".join(
             ["growpipe train --runtime local", f"--config configs/{config.name}", *(f"--set {o}" for o in overrides)]
         )

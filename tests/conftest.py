@@ -32,6 +32,7 @@ def tiny_config(**sections: Any) -> RunConfig:
         "train": {"epochs": 1},
         "al": {"code_dim": 16},
         "scpl": {"proj_dim": 16},
+        "tracking": {"mlflow": False},
     }
     return build_config(deep_merge(base, sections))
 

@@ -111,8 +111,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from growpipe.fsutil import atomic_write_json
     from growpipe.local import train_local
     from growpipe.report import format_report, format_stage_table
+    from growpipe.tracking import resolve_tracking, ui_command
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = resolve_tracking(load_config(args.config, args.overrides))
     progress = None if args.quiet else print
     if args.runtime == "local":
         result = train_local(cfg, progress=progress)
@@ -135,6 +136,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
         extra = {"growth": summary["growth"], "epochs": summary["epochs"]}
         path = save_checkpoint(args.save, net, extra)
         print(f"checkpoint: {path}  (growpipe evaluate --checkpoint {path})")
+    if cfg.tracking.mlflow and cfg.tracking.uri:
+        print(f"MLflow: experiment {cfg.tracking.experiment!r} in {cfg.tracking.uri}")
+        print(f"  UI: {ui_command(cfg.tracking.uri)}")
     return 0
 
 

@@ -313,6 +313,19 @@ class RuntimeSpec(_Strict):
         return self
 
 
+class TrackingSpec(_Strict):
+    """Where a run is recorded (MLflow)."""
+
+    mlflow: bool = True
+    uri: str | None = None
+    """MLflow tracking URI; default $MLFLOW_TRACKING_URI, else sqlite:///<workdir>/mlflow.db."""
+    experiment: str = "growpipe"
+    workdir: str = "runs"
+    """Local directory for the default sqlite store and for tracking entries that could not be sent."""
+    run_id: str | None = None
+    """Log into this existing MLflow run instead of starting one (resuming)."""
+
+
 class RunConfig(_Strict):
     """A whole run: what to train, on what, how, and how it grows."""
 
@@ -331,6 +344,7 @@ class RunConfig(_Strict):
     grow: GrowSpec = GrowSpec()
     eval: EvalSpec = EvalSpec()
     runtime: RuntimeSpec = RuntimeSpec()
+    tracking: TrackingSpec = TrackingSpec()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:

@@ -14,13 +14,14 @@ def data_dir() -> str | None:
 GROWPIPE_FAULT_AT = "GROWPIPE_FAULT_AT"
 """Fault injection for tests: "STAGE:STEP" makes that stage's block raise on its STEP-th packet (1-based)."""
 
-FORWARDED_PREFIX = "GROWPIPE_"
-"""Driver environment variables with this prefix are passed on to every actor of a run."""
+FORWARDED_PREFIXES = ("GROWPIPE_", "MLFLOW_")
+"""Driver environment variables with these prefixes are passed on to every actor of a run (MLflow's
+credentials and settings reach the controller that logs)."""
 
 
 def forwarded() -> dict[str, str]:
-    """The GROWPIPE_* variables of this process, to hand to the actors of a run."""
-    return {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_PREFIX)}
+    """The GROWPIPE_* and MLFLOW_* variables of this process, to hand to the actors of a run."""
+    return {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_PREFIXES)}
 
 
 def fault_at() -> tuple[int, int] | None:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from growpipe.callbacks import notify, run_callbacks
 from growpipe.config import RunConfig
 from growpipe.data import DataBundle, iterate_batches, load_data
 from growpipe.device import resolve_device, set_cpu_threads
@@ -24,6 +25,7 @@ from growpipe.growth import FrozenWatch, GrowthPlan, growth_event, note_epoch
 from growpipe.nn.net import GrowableNet
 from growpipe.nn.specs import InputInfo
 from growpipe.report import epoch_row, format_epoch, summarize
+from growpipe.tracking import resolve_tracking
 
 Progress = Callable[[str], None]
 
@@ -87,6 +89,19 @@ def _epoch(net: GrowableNet, bundle: DataBundle, cfg: RunConfig, epoch: int) -> 
 def train_local(cfg: RunConfig, progress: Progress | None = print, bundle: DataBundle | None = None) -> TrainResult:
     """Train (and grow) a net in this process; return the trained net, its history and evaluation."""
     say = progress or (lambda _msg: None)
+    cfg = resolve_tracking(cfg)
+    callbacks = run_callbacks(cfg, cfg.name, say)
+    try:
+        result = _train(cfg, say, bundle, callbacks)
+    except Exception as e:
+        notify(callbacks, "on_error", f"{type(e).__name__}: {e}", say=say)
+        raise
+    finally:
+        notify(callbacks, "close", say=say)
+    return result
+
+
+def _train(cfg: RunConfig, say: Progress, bundle: DataBundle | None, callbacks: list[Any]) -> TrainResult:
     set_cpu_threads(cfg.threads)
     device = resolve_device(cfg.device)
     bundle = bundle or load_data(cfg.data)
@@ -94,6 +109,7 @@ def train_local(cfg: RunConfig, progress: Progress | None = print, bundle: DataB
     seed_everything(cfg.seed)
     net = GrowableNet.build(cfg, InputInfo.from_bundle(bundle), device)
     say(f"net    {cfg.method} on {cfg.net.backbone}, {net.depth} blocks, device {device}")
+    notify(callbacks, "on_start", say=say)
     result = TrainResult(net=net, bundle=bundle)
     plan = GrowthPlan(cfg)
     watch = FrozenWatch()
@@ -109,6 +125,7 @@ def train_local(cfg: RunConfig, progress: Progress | None = print, bundle: DataB
             plan.grew(epoch)
             ev = None
             result.growth.append(event)
+            notify(callbacks, "on_growth", event, say=say)
             say(f"grow   +{step.kind} block {block.index} ({block.spec.encoder.family}) -> {net.depth} blocks")
 
     grow_if_due()
@@ -123,7 +140,11 @@ def train_local(cfg: RunConfig, progress: Progress | None = print, bundle: DataB
         result.history.append(row)
         note_epoch(result.growth, row)
         say(format_epoch(row))
+        notify(callbacks, "after_epoch", row, say=say)
         grow_if_due()
     result.frozen_unchanged = watch.unchanged({b.index: b.checksum() for b in net.blocks})
     result.evaluation = ev or evaluate_net(net, bundle, cfg)  # the last epoch's, unless the net changed since
+    summary = result.summary()
+    notify(callbacks, "on_finish", summary, say=say)
+    notify(callbacks, "on_final_net", net, summary, say=say)
     return result

@@ -26,6 +26,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from growpipe import envvars
+from growpipe.callbacks import RunCallback, notify, run_callbacks
 from growpipe.config import GrowStep, RunConfig, parse_grow_request
 from growpipe.errors import ConfigError, GrowpipeError, PipelineError, ShapeError, StageError
 from growpipe.growth import FrozenWatch, GrowthPlan, growth_event, note_epoch
@@ -48,18 +49,6 @@ class State(str, Enum):
 TERMINAL = (State.FINISHED, State.ERRORED)
 
 
-class ControllerCallback:
-    """Hooks for cross-cutting work (tracking, checkpoints); every method is optional."""
-
-    def on_state_change(self, prev: State, nxt: State) -> None: ...
-
-    def after_epoch(self, row: dict[str, Any]) -> None: ...
-
-    def on_growth(self, event: dict[str, Any]) -> None: ...
-
-    def on_finish(self, summary: dict[str, Any]) -> None: ...
-
-
 class _StageSlot:
     """A launched stage: its actor handle, placement group and spec."""
 
@@ -74,14 +63,14 @@ class _StageSlot:
 class Controller:
     """Builds the stages from the config, runs the epochs and the growth schedule, evaluates every exit."""
 
-    def __init__(self, cfg: RunConfig, run_name: str, callbacks: list[ControllerCallback] | None = None):
+    def __init__(self, cfg: RunConfig, run_name: str, callbacks: list[RunCallback] | None = None):
         self.cfg = cfg
         self.run_name = run_name
-        self.callbacks = list(callbacks or [])
         self.state = State.STARTING
         self.error: str | None = None
         self._lock = threading.Lock()
         self._lines: list[str] = []
+        self.callbacks = run_callbacks(cfg, run_name, self._say) if callbacks is None else list(callbacks)
         self.slots: list[_StageSlot] = []
         self.info: InputInfo | None = None
         self.plan = GrowthPlan(cfg)
@@ -112,6 +101,7 @@ class Controller:
         finally:
             self._reject_pending(f"run {self.run_name!r} has {self.state.value}; nothing to grow")
             self._cleanup()
+            self._notify("close")
         if self.state is State.ERRORED:
             return {"error": self.error}
         return self.result or {}
@@ -128,6 +118,7 @@ class Controller:
         except Exception as e:  # any failure ends the run as ERRORED with one line, never a hung actor
             self.error = _describe(e)
             self._say(f"error  {self.error}")
+            self._notify("on_error", self.error)
             nxt = State.ERRORED
         self._set_state(nxt)
         return prev, nxt
@@ -135,8 +126,7 @@ class Controller:
     def _set_state(self, nxt: State) -> None:
         prev, self.state = self.state, nxt
         if prev is not nxt:
-            for cb in self.callbacks:
-                cb.on_state_change(prev, nxt)
+            self._notify("on_state_change", prev, nxt)
 
     def _starting(self) -> State:
         cfg = self.cfg
@@ -156,6 +146,7 @@ class Controller:
             f"net    {cfg.method} on {cfg.net.backbone}: {k} stage actors ({names}), window {cfg.runtime.window}, "
             f"{self._resources_text()}"
         )
+        self._notify("on_start")
         return self._next_after(0)
 
     def _training(self) -> State:
@@ -197,8 +188,7 @@ class Controller:
         self.history.append(row)
         note_epoch(self.growth, row)
         self._say(format_epoch(row))
-        for cb in self.callbacks:
-            cb.after_epoch(row)
+        self._notify("after_epoch", row)
         return self._next_after(self.epoch)
 
     def _next_after(self, epoch: int) -> State:
@@ -315,8 +305,7 @@ class Controller:
             f"grow   +{step.kind} block {slot.spec.index} ({slot.spec.encoder.family}) -> {len(self.slots)} blocks, "
             f"stage actor {slot.spec.index} ({slot.block_name}){where}"
         )
-        for cb in self.callbacks:
-            cb.on_growth(event)
+        self._notify("on_growth", event)
         return event
 
     def _build_cache(self) -> None:
@@ -389,8 +378,20 @@ class Controller:
             "states": self._get_all([s.handle.state_dict.remote() for s in self.slots], "collecting the weights"),
         }
         self.result = summary
-        for cb in self.callbacks:
-            cb.on_finish(summary)
+        self._notify("on_finish", summary)
+        if self.callbacks:
+            self._notify("on_final_net", self._final_net(), summary)
+
+    def _final_net(self) -> Any:
+        from growpipe.nn.net import GrowableNet
+
+        assert self.final is not None
+        net = GrowableNet.from_topology(self.cfg, self.final["info"], self.final["topology"])
+        net.load_state_dict({"blocks": self.final["states"]})
+        return net
+
+    def _notify(self, method: str, *args: Any) -> None:
+        notify(self.callbacks, method, *args, say=self._say)
 
     # ---- stages -------------------------------------------------------------------------------------
     def _use_gpus(self) -> float:

@@ -15,6 +15,7 @@ from growpipe.config import RunConfig
 from growpipe.errors import ConfigError, PipelineError
 from growpipe.runtime import NAMESPACE
 from growpipe.runtime.controller import launch_controller, logical_cpus_needed
+from growpipe.tracking import resolve_tracking
 
 POLL_S = 0.5
 
@@ -63,6 +64,7 @@ class Pipeline:
     def start(self) -> Pipeline:
         """Connect to Ray and launch the controller (refuses a second live run with the same name)."""
         check_runtime_supports(self.cfg)
+        self.cfg = resolve_tracking(self.cfg)  # a path from here: the controller may run elsewhere
         self._owns_ray = connect(self.cfg, self.address)
         try:
             ray.get_actor(self.run_name, namespace=NAMESPACE)

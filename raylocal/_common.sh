@@ -1,0 +1,15 @@
+# Shared by the raylocal scripts: the checkout, its .venv (set up on first use) and the head's settings.
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO"
+[ -x .venv/bin/ray ] || make -s .venv/.installed
+RAY=.venv/bin/ray
+RAY_PORT="${RAY_PORT:-6379}"
+RAY_DASHBOARD_PORT="${RAY_DASHBOARD_PORT:-8265}"
+# Each local head gets its own temp dir, so `down` stops exactly its processes (not other local Rays).
+RAYLOCAL_TMP="/tmp/raylocal-$RAY_PORT"
+DASHBOARD="http://127.0.0.1:$RAY_DASHBOARD_PORT"
+# Ray 2.60 heads use token auth (the token is in ~/.ray/auth_token); the CLI must say so.
+export RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"
+# The head (and so every job's `python`) uses this checkout's virtualenv.
+export PATH="$REPO/.venv/bin:$PATH"

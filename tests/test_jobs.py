@@ -1,0 +1,73 @@
+"""End to end the way users run jobs: a real local Ray head (raylocal/up), `ray job submit` through
+raylocal/submit, the run read back from MLflow, the head torn down (raylocal/down)."""
+
+import os
+import re
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import REPO
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def local_head(tmp_path: Path):
+    ports = {k: str(_free_port()) for k in ("RAY_PORT", "RAY_DASHBOARD_PORT", "RAY_AGENT_PORT")}
+    env = {**os.environ, **ports, "RAY_NUM_CPUS": "4"}  # own agent port: the test session's Ray holds 52365
+    up = subprocess.run([REPO / "raylocal" / "up"], env=env, capture_output=True, text=True, timeout=180)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert f"dashboard:   http://127.0.0.1:{env['RAY_DASHBOARD_PORT']}" in up.stdout
+        yield env
+    finally:
+        down = subprocess.run([REPO / "raylocal" / "down"], env=env, capture_output=True, text=True, timeout=60)
+        assert "stopped" in down.stdout, down.stdout + down.stderr
+
+
+def test_submitted_training_job_succeeds_and_is_in_mlflow(local_head, tmp_path: Path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {**local_head, "MLFLOW_TRACKING_URI": uri, "RAYLOCAL_NO_WAIT": "1"}
+    args = ["--set", "name=job-e2e", "--set", "method=dascpl", "--set", "net.width=32", "--set", "train.epochs=2",
+            "--set", "grow.schedule=[{kind: layer, epochs: 1}]", "--set", "tracking.experiment=jobs"]  # fmt: skip
+    sub = subprocess.run([REPO / "raylocal" / "submit", "train", *args], env=env, capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert sub.returncode == 0, sub.stdout + sub.stderr
+    job_id = next(w.strip("'") for w in sub.stdout.split() if w.strip("'").startswith("raysubmit_"))
+    # the Ray CLI, as a user would, with the head's token (RAY_AUTH_MODE=token)
+    ray_cli = [str(REPO / ".venv" / "bin" / "ray"), "job"]
+    address = ["--address", f"http://127.0.0.1:{local_head['RAY_DASHBOARD_PORT']}"]
+    cli_env = {**local_head, "RAY_AUTH_MODE": "token"}
+    deadline = time.time() + 600
+    while True:
+        out = subprocess.run([*ray_cli, "status", job_id, *address], env=cli_env, capture_output=True, text=True,
+                             timeout=60).stdout  # fmt: skip
+        ended = re.search(rf"Job '{job_id}' (succeeded|failed|was stopped)", out)
+        if ended:
+            break
+        assert time.time() < deadline, "the job did not finish in 10 minutes"
+        time.sleep(2)
+    logs = subprocess.run([*ray_cli, "logs", job_id, *address], env=cli_env, capture_output=True, text=True,
+                          timeout=60).stdout  # fmt: skip
+    assert ended.group(1) == "succeeded", out + logs[-3000:]
+    assert "grow   +layer block 2" in logs and "MLflow: experiment 'jobs'" in logs
+
+    mlflow = MlflowClient(tracking_uri=uri)
+    runs = mlflow.search_runs([mlflow.get_experiment_by_name("jobs").experiment_id])
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.info.status == "FINISHED" and run.data.params["method"] == "dascpl"
+    assert run.data.params["grow.schedule"].startswith("[{")
+    assert [m.step for m in mlflow.get_metric_history(run.info.run_id, "loss.b1.ce")] == [1, 2]
+    assert [(m.step, m.value) for m in mlflow.get_metric_history(run.info.run_id, "growth.blocks")] == [(2, 3.0)]
+    plots = {a.path for a in mlflow.list_artifacts(run.info.run_id, "plots")}
+    assert {"plots/exit_accuracy.png", "plots/accuracy_vs_compute.png", "plots/stage_timeline.png"} <= plots
