@@ -66,6 +66,14 @@ class GrowableNet:
             net.append(build_block(cfg, BlockSpec.from_dict(d), info))
         return net
 
+    @classmethod
+    def from_states(cls, cfg: RunConfig, info: InputInfo, topology: list[dict[str, Any]],
+                    states: list[dict[str, Any]]) -> GrowableNet:  # fmt: skip
+        """Rebuild a trained net from its topology and every block's state (e.g. the stages' final states)."""
+        net = cls.from_topology(cfg, info, topology)
+        net.load_state_dict({"blocks": states})
+        return net
+
     def topology(self) -> list[dict[str, Any]]:
         """Serialisable block specs, enough to rebuild the net's structure."""
         return [b.spec.to_dict() for b in self.blocks]

@@ -235,7 +235,7 @@ class Controller:
             return {"error": f"run {self.run_name!r} is at grow.max_blocks={limit} blocks (counting queued requests)"}
         if self.info is not None and self.slots and self.slots[-1].spec is not None:
             try:  # fail fast; checked again against the topology the block really lands on
-                check_input_size(ask, self.cfg, self.info, self.slots[-1].spec)
+                check_input_size(ask, self.info, self.slots[-1].spec)
             except ShapeError as e:
                 return {"error": str(e)}
         order = GrowOrder(ask)
@@ -252,7 +252,7 @@ class Controller:
         """Place and build the requested block; on failure answer the caller and leave the run as it is."""
         assert self.info is not None
         try:
-            check_input_size(order.ask, self.cfg, self.info, self._last_spec())
+            check_input_size(order.ask, self.info, self._last_spec())
             order.slot = self._prepare_block(order.ask.as_step())
         except (GrowpipeError, ValueError, ray.exceptions.RayError) as e:
             order.fail(_describe(e))
@@ -386,9 +386,7 @@ class Controller:
         from growpipe.nn.net import GrowableNet
 
         assert self.final is not None
-        net = GrowableNet.from_topology(self.cfg, self.final["info"], self.final["topology"])
-        net.load_state_dict({"blocks": self.final["states"]})
-        return net
+        return GrowableNet.from_states(self.cfg, self.final["info"], self.final["topology"], self.final["states"])
 
     def _notify(self, method: str, *args: Any) -> None:
         notify(self.callbacks, method, *args, say=self._say)

@@ -6,7 +6,7 @@ import math
 import threading
 from typing import Any
 
-from growpipe.config import GrowRequest, RunConfig
+from growpipe.config import GrowRequest
 from growpipe.errors import ShapeError
 from growpipe.nn.backbones import output_shape
 from growpipe.nn.specs import BlockSpec, InputInfo
@@ -31,7 +31,7 @@ class GrowOrder:
         self.done.set()
 
 
-def check_input_size(ask: GrowRequest, cfg: RunConfig, info: InputInfo, last: BlockSpec) -> None:
+def check_input_size(ask: GrowRequest, info: InputInfo, last: BlockSpec) -> None:
     """Raise ShapeError when the request names an input size the last block does not produce."""
     if ask.input_size is None:
         return

@@ -102,9 +102,7 @@ class Pipeline:
         final = ray.get(self.controller.final_state.remote(), timeout=60)
         if final is None:
             raise PipelineError("the run has not finished; call train() first")
-        net = GrowableNet.from_topology(self.cfg, final["info"], final["topology"])
-        net.load_state_dict({"blocks": final["states"]})
-        return net
+        return GrowableNet.from_states(self.cfg, final["info"], final["topology"], final["states"])
 
     def _drain(self, seen: int, progress: Callable[[str], None] | None) -> int:
         try:
