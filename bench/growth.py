@@ -64,6 +64,7 @@ def suite_config(
         f"grow.schedule=[{steps}]",
         f"grow.cache.enabled={str(cache).lower()}",
         "runtime.timeline_epoch=0",
+        "runtime.dashboard=false",
         "tracking.mlflow=false",
     ]
     if limit_train:

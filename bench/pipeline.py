@@ -59,7 +59,7 @@ def bench_config(
             "net": {"backbone": "mlp", "blocks": K, "widths": list(widths), "layers_per_block": 2},
             "scpl": {"projector": "linear", "proj_dim": 128},
             "train": {"epochs": epochs},
-            "runtime": {"window": 4, "cpus_per_stage": 1, "timeline_epoch": 0},
+            "runtime": {"window": 4, "cpus_per_stage": 1, "timeline_epoch": 0, "dashboard": False},
             "tracking": {"mlflow": False},  # a benchmark measures, it does not record runs
         }
     )

@@ -60,6 +60,9 @@ def test_submitted_training_job_succeeds_and_is_in_mlflow(local_head, tmp_path: 
                           timeout=60).stdout  # fmt: skip
     assert ended.group(1) == "succeeded", out + logs[-3000:]
     assert "grow   +layer block 2" in logs and "MLflow: experiment 'jobs'" in logs
+    assert f"ray    dashboard http://127.0.0.1:{env['RAY_DASHBOARD_PORT']}" in logs  # printed at the start
+    assert "mlflow run " in logs and "#/experiments/" in logs
+    assert "\r" not in logs  # job logs get plain lines, no progress bar
 
     mlflow = MlflowClient(tracking_uri=uri)
     runs = mlflow.search_runs([mlflow.get_experiment_by_name("jobs").experiment_id])

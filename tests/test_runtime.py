@@ -156,3 +156,46 @@ def test_stopping_a_run_midway_releases_its_stages_and_cpus():
         time.sleep(0.2)
     assert ray.available_resources().get("CPU", 0) == before
     assert not _actor_exists("stopped/stage0") and not _actor_exists("stopped")
+
+
+def test_stages_go_into_the_bundles_they_are_given_and_growth_takes_the_next():
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    grow = {"schedule": [{"kind": "layer", "epochs": 1}]}
+    pg = placement_group([{"CPU": 0.01}, {"CPU": 1}, {"CPU": 1}, {"CPU": 1}])  # like a Tune trial's
+    ray.get(pg.ready(), timeout=60)
+    try:
+        free = ray.available_resources().get("CPU", 0)
+        with Pipeline(_small("dascpl", 4, name="reserved", grow=grow), reserved=(pg, 1)) as p:
+            result = p.train(progress=None)
+        used = [(s["placement_group"], s["bundle"]) for s in result["placement"]]
+        assert used == [(pg.id.hex(), b) for b in (1, 2, 3)]
+        assert ray.available_resources().get("CPU", 0) == free  # nothing placed outside the reservation
+    finally:
+        remove_placement_group(pg)
+
+    small = placement_group([{"CPU": 0.01}, {"CPU": 1}, {"CPU": 1}])  # no bundle for the grown block
+    ray.get(small.ready(), timeout=60)
+    try:
+        too_few = Pipeline(_small("dascpl", 4, name="reserved-small", grow=grow), reserved=(small, 1))
+        with pytest.raises(PipelineError, match="no reserved bundle left for block 2.*grow.max_blocks"), too_few:
+            too_few.train(progress=None)
+    finally:
+        remove_placement_group(small)
+
+
+def test_progress_bar_follows_the_running_epoch(monkeypatch):
+    import io
+
+    from growpipe.progress import EpochBar
+
+    monkeypatch.setenv("GROWPIPE_STEP_DELAY_MS", "60")  # 22 batches: about 1.3 s per epoch
+    stream = io.StringIO()
+    bar = EpochBar(stream, active=True)
+    with Pipeline(tiny_config(name="bar", threads=1, train={"epochs": 2})) as p:
+        p.train(progress=bar.line, bar=bar)
+    drawn = stream.getvalue()
+    assert "\repoch 1/2 [" in drawn and "\repoch 2/2 [" in drawn and "/22 batches" in drawn
+    assert "\r\x1b[Kepoch   1/2 | blocks 2" in drawn  # the bar is cleared before the epoch's log line
+    assert drawn.endswith("\n")  # cleared at the end: the summary starts on a clean line
+    assert not EpochBar(io.StringIO()).active  # not a terminal: plain lines only

@@ -1,4 +1,4 @@
-"""The `growpipe` command: train, grow, evaluate, data, bench."""
+"""The `growpipe` command: train, grow, sweep, evaluate, data, bench."""
 
 from __future__ import annotations
 
@@ -72,6 +72,21 @@ def build_parser() -> argparse.ArgumentParser:
     gr.add_argument("--address", metavar="ADDR", help="Ray cluster (default: $RAY_ADDRESS, else the local one)")
     gr.add_argument("--timeout", type=float, default=600.0, metavar="S", help="longest wait for the answer (600)")
 
+    sw = sub.add_parser(
+        "sweep",
+        help="run a Ray Tune sweep from a sweep file (tune_configs/)",
+        description="Sweep block counts, methods, learning rates, widths (kind train: one pipeline per trial, "
+        "in its own placement group, ASHA by default) or exit thresholds of a trained net (kind thresholds: "
+        "its stored per-exit predictions, no retraining). Trials are MLflow child runs of the sweep's run; "
+        "the best config is written as YAML for growpipe train --config.",
+    )
+    sw.add_argument("file", metavar="SWEEP_YAML", help="sweep file, e.g. tune_configs/digits-quick.yaml")
+    sw.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a sweep-file field, e.g. --set num_samples=4 --set set.train.epochs=2")  # fmt: skip
+    sw.add_argument("--address", metavar="ADDR", help="Ray cluster (default: $RAY_ADDRESS, else an embedded local Ray)")
+    sw.add_argument("--json-out", metavar="FILE", help="write the sweep summary JSON here")
+    sw.add_argument("--check", action="store_true", help="validate the file and every search-space corner; no trials")
+
     ev = sub.add_parser("evaluate", help="evaluate a checkpoint: every exit and adaptive inference")
     ev.add_argument("--checkpoint", required=True, metavar="DIR", help="checkpoint directory written by train --save")
     ev.add_argument(
@@ -110,11 +125,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from growpipe.config import load_config
     from growpipe.fsutil import atomic_write_json
     from growpipe.local import train_local
+    from growpipe.progress import EpochBar
     from growpipe.report import format_report, format_stage_table
     from growpipe.tracking import resolve_tracking, ui_command
 
     cfg = resolve_tracking(load_config(args.config, args.overrides))
-    progress = None if args.quiet else print
+    bar = EpochBar()  # a redrawn bar per epoch in a terminal; plain lines in job logs and pipes
+    progress = None if args.quiet else bar.line
     if args.runtime == "local":
         result = train_local(cfg, progress=progress)
         summary, net = result.summary(), result.net
@@ -122,7 +139,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         from growpipe.runtime.pipeline import check_runtime_supports, train_ray
 
         check_runtime_supports(cfg)
-        summary, net = train_ray(cfg, args.address, progress, keep_net=bool(args.save))
+        summary, net = train_ray(cfg, args.address, progress, keep_net=bool(args.save), bar=None if args.quiet else bar)
     print(format_report(summary))
     if "stages" in summary:
         print(format_stage_table(summary["stages"]))
@@ -190,33 +207,12 @@ def _plot(ev: dict[str, object], path: str, cfg: object) -> Path:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from growpipe.checkpoint import load_checkpoint
-    from growpipe.config import apply_overrides, build_config
-    from growpipe.data import load_data
-    from growpipe.errors import CheckpointError
-    from growpipe.evaluation import evaluate_net
+    from growpipe.evaluation import evaluate_net, load_for_evaluation
     from growpipe.fsutil import atomic_write_json
-    from growpipe.nn.specs import InputInfo
     from growpipe.report import format_exits
 
-    net, manifest = load_checkpoint(args.checkpoint)
-    allowed = ("eval.", "data.root", "data.download", "data.limit_test")
-    bad = [o for o in args.overrides if not o.split("=", 1)[0].strip().startswith(allowed)]
-    if bad:
-        raise GrowpipeError(
-            f"--set {bad[0]}: evaluate takes eval.* and data.root / data.download / data.limit_test only; "
-            "the rest is fixed by the checkpoint"
-        )
-    cfg = build_config(apply_overrides(manifest["config"], args.overrides), "checkpoint config + --set")
-    net.cfg = cfg
-    bundle = load_data(cfg.data)
-    found = InputInfo.from_bundle(bundle).to_dict()
-    for key, want in manifest["input"].items():
-        if found.get(key) != want:
-            raise CheckpointError(
-                f"data: the loaded data's {key} is {found.get(key)} but the checkpoint was trained on {want}; "
-                "point data.root at the data it was trained on"
-            )
+    net, bundle = load_for_evaluation(args.checkpoint, args.overrides)
+    cfg = net.cfg
     ev = evaluate_net(net, bundle, cfg)
     print(f"{cfg.method} on {cfg.data.name}: {net.depth} blocks, full-path accuracy {ev['full_accuracy']:.4f}")
     print(format_exits(ev))
@@ -224,6 +220,22 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         ev["plots"] = {"accuracy_vs_compute": str(_plot(ev, args.plot_out, cfg))}
     if args.json_out:
         print(f"evaluation JSON: {atomic_write_json(args.json_out, ev)}")
+    return 0
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from growpipe.fsutil import atomic_write_json
+    from growpipe.tune.spec import load_sweep
+    from growpipe.tune.sweep import prepare, run_sweep
+
+    spec = load_sweep(args.file, args.overrides)
+    if args.check:
+        _, cfgs = prepare(spec)
+        print(f"{args.file}: ok ({spec.kind}, {len(cfgs)} search-space corners checked as run configs)")
+        return 0
+    summary = run_sweep(spec, args.address)
+    if args.json_out:
+        print(f"sweep JSON: {atomic_write_json(args.json_out, summary)}")
     return 0
 
 
@@ -265,6 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "train": _cmd_train,
         "grow": _cmd_grow,
         "evaluate": _cmd_evaluate,
+        "sweep": _cmd_sweep,
         "data": _cmd_data,
         "bench": _cmd_bench,
     }

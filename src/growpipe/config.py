@@ -296,6 +296,8 @@ class RuntimeSpec(_Strict):
     """Placement-group strategy for the stages across nodes."""
     num_cpus: int | None = Field(None, ge=1)
     """Embedded Ray only: logical CPUs to start it with (default: enough for every block the run will have)."""
+    dashboard: bool = True
+    """Embedded Ray only: start the Ray dashboard (on 127.0.0.1; its address is printed at the start)."""
     placement_timeout_s: float = Field(120.0, gt=0)
     """Longest wait for resources to place a stage (at the start and on growth) before failing."""
     stage_timeout_s: float = Field(300.0, gt=0)
@@ -324,6 +326,8 @@ class TrackingSpec(_Strict):
     """Local directory for the default sqlite store and for tracking entries that could not be sent."""
     run_id: str | None = None
     """Log into this existing MLflow run instead of starting one (resuming)."""
+    parent_run_id: str | None = None
+    """Start the run as a child of this MLflow run (a sweep's trials under the sweep's run)."""
 
 
 class RunConfig(_Strict):
@@ -437,22 +441,28 @@ def build_config(raw: dict[str, Any] | None, source: str = "config") -> RunConfi
         raise ConfigError(_format_errors(err, source)) from None
 
 
+def read_yaml_mapping(path: str | Path, flag: str, examples: str, top: str) -> dict[str, Any]:
+    """A YAML file whose top level is a mapping (empty file: {}); ConfigError naming `flag` when the file is
+    missing (see `examples`), not YAML, or not a mapping of `top`."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{flag} {p}: no such file; see {examples} for examples")
+    try:
+        loaded = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML ({e.__class__.__name__}: {str(e).splitlines()[0]})") from None
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping of {top}")
+    return loaded or {}
+
+
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
     """Read a YAML file (or nothing: all defaults), apply --set overrides, validate."""
     raw: dict[str, Any] = {}
     source = "defaults"
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"--config {p}: no such file; see configs/ for examples")
-        try:
-            loaded = yaml.safe_load(p.read_text())
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{p}: not valid YAML ({e.__class__.__name__}: {str(e).splitlines()[0]})") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"{p}: the top level must be a mapping of sections (method, data, net, ...)")
-        raw = loaded or {}
-        source = str(p)
+        raw = read_yaml_mapping(path, "--config", "configs/", "sections (method, data, net, ...)")
+        source = str(path)
     raw = apply_overrides(raw, overrides or [])
     return build_config(raw, source)
 

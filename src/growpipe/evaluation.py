@@ -2,24 +2,66 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from growpipe.config import RunConfig
-from growpipe.data import DataBundle, iterate_batches
-from growpipe.nn.inference import collect_exits, evaluate_exits
+from growpipe.config import RunConfig, apply_overrides, build_config
+from growpipe.data import DataBundle, iterate_batches, load_data
+from growpipe.errors import CheckpointError, GrowpipeError
+from growpipe.nn.inference import ExitPredictions, collect_exits, evaluate_exits
 from growpipe.nn.net import GrowableNet
 
 EVAL_BATCH = 512
 
 
+EVAL_OVERRIDES = ("eval.", "data.root", "data.download", "data.limit_test")
+"""What may change when a checkpoint is evaluated again; the rest is fixed by the checkpoint."""
+
+
+def load_for_evaluation(checkpoint: str | Path, overrides: list[str] | None = None) -> tuple[GrowableNet, DataBundle]:
+    """A checkpoint's net (its config with `overrides` applied: eval.* and where the data is) and its data,
+    refused when the data's shape, classes or vocabulary differ from what the net was trained on."""
+    from growpipe.checkpoint import load_checkpoint
+    from growpipe.nn.specs import InputInfo
+
+    overrides = overrides or []
+    bad = [o for o in overrides if not o.split("=", 1)[0].strip().startswith(EVAL_OVERRIDES)]
+    if bad:
+        raise GrowpipeError(
+            f"--set {bad[0]}: evaluate takes eval.* and data.root / data.download / data.limit_test only; "
+            "the rest is fixed by the checkpoint"
+        )
+    net, manifest = load_checkpoint(checkpoint)
+    net.cfg = build_config(apply_overrides(manifest["config"], overrides), "checkpoint config + --set")
+    bundle = load_data(net.cfg.data)
+    found = InputInfo.from_bundle(bundle).to_dict()
+    for key, want in manifest["input"].items():
+        if found.get(key) != want:
+            raise CheckpointError(
+                f"data: the loaded data's {key} is {found.get(key)} but the checkpoint was trained on {want}; "
+                "point data.root at the data it was trained on"
+            )
+    return net, bundle
+
+
+def split_predictions(net: GrowableNet, bundle: DataBundle, split: str = "test") -> ExitPredictions:
+    """Every exit's probabilities on the `split` ("test" or "val") of `bundle`."""
+    data = bundle.test if split == "test" else bundle.val
+    if data is None:
+        raise GrowpipeError(
+            "split val: the net was trained without a validation split; train it with data.val_fraction > 0 "
+            "or use split test"
+        )
+    return collect_exits(net, iterate_batches(data, EVAL_BATCH, shuffle=False, side_groups=net.side_groups()))
+
+
 def evaluate_net(net: GrowableNet, bundle: DataBundle, cfg: RunConfig) -> dict[str, Any]:
     """Per-exit and adaptive evaluation on the test split, plus full-path `val_accuracy` when there is a
     validation split (None otherwise)."""
-    batches = iterate_batches(bundle.test, EVAL_BATCH, shuffle=False, side_groups=net.side_groups())
-    preds = collect_exits(net, batches)
+    preds = split_predictions(net, bundle, "test")
     ev = evaluate_exits(preds, cfg.eval.thresholds, cfg.eval.confidence, net.exit_costs())
     ev["val_accuracy"] = None
     if bundle.val is not None:
-        val = collect_exits(net, iterate_batches(bundle.val, EVAL_BATCH, shuffle=False, side_groups=net.side_groups()))
+        val = split_predictions(net, bundle, "val")
         ev["val_accuracy"] = val.accuracy(val.depths[-1])
     return ev

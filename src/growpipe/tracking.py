@@ -44,6 +44,20 @@ def ui_command(uri: str) -> str:
     return f".venv/bin/mlflow ui --backend-store-uri {uri}  (then http://127.0.0.1:5000)"
 
 
+def run_url(uri: str, experiment: str | None, run_id: str) -> str:
+    """Where to see a run: its page on an MLflow server, or the store plus the page path for `mlflow ui`."""
+    page = f"#/experiments/{experiment}/runs/{run_id}"
+    if uri.startswith(("http://", "https://")):
+        return f"{uri.rstrip('/')}/{page}"
+    return f"{run_id} in {uri} (mlflow ui, then http://127.0.0.1:5000/{page})"
+
+
+def experiment_id(client: Any, name: str) -> str:
+    """The id of MLflow experiment `name`, created when missing."""
+    exp = client.get_experiment_by_name(name)
+    return exp.experiment_id if exp else client.create_experiment(name)
+
+
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
     """Nested config -> {"data.name": "digits", ...}; lists as JSON; values cut to MLflow's 6000 chars."""
     out: dict[str, str] = {}
@@ -83,6 +97,7 @@ class MlflowTracker(RunCallback):
         self.staged = 0
         self.status = "FINISHED"
         self._client: Any = None
+        self.experiment_id: str | None = None
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # fail fast; the queue retries
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
 
@@ -92,7 +107,7 @@ class MlflowTracker(RunCallback):
         self.artifact_text("config.yaml", _yaml(self.cfg.model_dump(mode="json")))
         self.flush()
         if self.run_id:
-            self.say(f"mlflow run {self.run_id} in {self.uri} (experiment {self.cfg.tracking.experiment})")
+            self.say(f"mlflow run {run_url(self.uri, self.experiment_id, self.run_id)}")
 
     def after_epoch(self, row: dict[str, Any]) -> None:
         self.queue.append({"op": "metrics", "metrics": epoch_metrics(row), "step": row["epoch"]})
@@ -199,10 +214,12 @@ class MlflowTracker(RunCallback):
 
             client = MlflowClient(tracking_uri=self.uri)
             if self.run_id is None:
-                exp = client.get_experiment_by_name(self.cfg.tracking.experiment)
-                exp_id = exp.experiment_id if exp else client.create_experiment(self.cfg.tracking.experiment)
-                run = client.create_run(exp_id, run_name=self.run_name, tags={"growpipe.method": self.cfg.method})
-                self.run_id = run.info.run_id
+                tags = {"growpipe.method": self.cfg.method}
+                if self.cfg.tracking.parent_run_id:
+                    tags["mlflow.parentRunId"] = self.cfg.tracking.parent_run_id
+                exp_id = experiment_id(client, self.cfg.tracking.experiment)
+                self.run_id = client.create_run(exp_id, run_name=self.run_name, tags=tags).info.run_id
+            self.experiment_id = client.get_run(self.run_id).info.experiment_id
             self._client = client
         return self._client
 

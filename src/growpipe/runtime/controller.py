@@ -52,9 +52,10 @@ TERMINAL = (State.FINISHED, State.ERRORED)
 class _StageSlot:
     """A launched stage: its actor handle, placement group and spec."""
 
-    def __init__(self, handle: Any, pg: Any, spec: BlockSpec | None, owns_pg: bool):
+    def __init__(self, handle: Any, pg: Any, spec: BlockSpec | None, owns_pg: bool, bundle: int = 0):
         self.handle = handle
         self.pg = pg
+        self.bundle = bundle
         self.spec = spec
         self.owns_pg = owns_pg
         self.block_name = "?"
@@ -63,7 +64,15 @@ class _StageSlot:
 class Controller:
     """Builds the stages from the config, runs the epochs and the growth schedule, evaluates every exit."""
 
-    def __init__(self, cfg: RunConfig, run_name: str, callbacks: list[RunCallback] | None = None):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        run_name: str,
+        callbacks: list[RunCallback] | None = None,
+        reserved: tuple[Any, int] | None = None,
+    ):
+        """`reserved` = (placement group, first bundle): place the stages in those bundles (a Tune trial's
+        placement group) instead of making placement groups of its own; growth takes the next bundles."""
         self.cfg = cfg
         self.run_name = run_name
         self.state = State.STARTING
@@ -91,6 +100,7 @@ class Controller:
         self.result: dict[str, Any] | None = None
         self.final: dict[str, Any] | None = None
         self._shared_pg: Any = None
+        self._reserved_pg, self._next_bundle = reserved if reserved else (None, 0)
 
     # ---- the state machine ----------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -131,13 +141,14 @@ class Controller:
     def _starting(self) -> State:
         cfg = self.cfg
         k = cfg.net.blocks
-        self._shared_pg = self._make_pg(k, cfg.runtime.placement)
-        first = self._launch(0, self._shared_pg, 0, owns_pg=False)
+        if self._reserved_pg is None:
+            self._shared_pg = self._make_pg(k, cfg.runtime.placement)
+        first = self._launch_in_shared(0)
         self.slots = [first]
         self.info, summary = self._get(first.handle.load_data.remote(), "stage 0 loading the data")
         self._say(f"data   {summary}")
         specs = plan_blocks(cfg, self.info)
-        self.slots += [self._launch(i, self._shared_pg, i, owns_pg=False) for i in range(1, k)]
+        self.slots += [self._launch_in_shared(i) for i in range(1, k)]
         for slot, spec in zip(self.slots, specs, strict=True):
             slot.spec = spec
         self._setup_and_wire(self.slots)
@@ -269,8 +280,10 @@ class Controller:
         """Place a new stage actor and build the block `step` asks for on top of the current last block."""
         assert self.info is not None
         spec = plan_growth_block(self.cfg, self.info, self._last_spec(), step)
-        pg = self._make_pg(1, "PACK")
-        slot = self._launch(spec.index, pg, 0, owns_pg=True)
+        if self._reserved_pg is not None:
+            slot = self._launch_in_shared(spec.index)
+        else:
+            slot = self._launch(spec.index, self._make_pg(1, "PACK"), 0, owns_pg=True)
         slot.spec = spec
         try:
             self._setup_and_wire([slot])
@@ -372,6 +385,9 @@ class Controller:
         sums = self._get_all([s.handle.checksum.remote() for s in self.slots], "checksumming the blocks")
         summary["frozen_unchanged"] = self.watch.unchanged(dict(enumerate(sums)))
         summary["prefix_caches"] = self.caches
+        summary["placement"] = [
+            {"stage": i, "placement_group": s.pg.id.hex(), "bundle": s.bundle} for i, s in enumerate(self.slots)
+        ]
         self.final = {
             "topology": [s.spec.to_dict() for s in self.slots],
             "info": self.info,
@@ -392,17 +408,21 @@ class Controller:
         notify(self.callbacks, method, *args, say=self._say)
 
     # ---- stages -------------------------------------------------------------------------------------
-    def _use_gpus(self) -> float:
-        if self.cfg.runtime.gpus_per_stage is not None:
-            return self.cfg.runtime.gpus_per_stage
-        return 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
-
     def _bundle(self) -> dict[str, float]:
-        gpus = self._use_gpus()
-        bundle = {"CPU": self.cfg.runtime.cpus_per_stage}
-        if gpus:
-            bundle["GPU"] = gpus
-        return bundle
+        return stage_bundle(self.cfg, ray.cluster_resources().get("GPU", 0) > 0)
+
+    def _launch_in_shared(self, index: int) -> _StageSlot:
+        """Launch stage `index` in the run's shared placement group: its own, or the next reserved bundle."""
+        if self._reserved_pg is None:
+            return self._launch(index, self._shared_pg, index, owns_pg=False)
+        bundles = len(self._reserved_pg.bundle_specs)
+        if self._next_bundle >= bundles:
+            raise PipelineError(
+                f"no reserved bundle left for block {index}: the placement group this run was given has "
+                f"{bundles} bundles; raise grow.max_blocks so the sweep reserves one per block"
+            )
+        self._next_bundle += 1
+        return self._launch(index, self._reserved_pg, self._next_bundle - 1, owns_pg=False)
 
     def _resources_text(self) -> str:
         b = self._bundle()
@@ -436,7 +456,7 @@ class Controller:
                 placement_group=pg, placement_group_bundle_index=bundle_index
             ),
         )
-        return _StageSlot(actor.remote(index, self.cfg), pg, None, owns_pg)
+        return _StageSlot(actor.remote(index, self.cfg), pg, None, owns_pg, bundle_index)
 
     def _setup_and_wire(self, slots: list[_StageSlot]) -> None:
         names = self._get_all([s.handle.setup.remote(s.spec, self.info) for s in slots], "building the blocks")
@@ -543,6 +563,21 @@ class Controller:
         with self._lock:
             return self._lines[since:], self.state.value
 
+    def rows(self, since: int = 0) -> list[dict[str, Any]]:
+        """Epoch result rows from index `since` on (for reporting to Tune)."""
+        with self._lock:
+            return list(self.history[since:])
+
+    def epoch_position(self) -> dict[str, int] | None:
+        """Where the running epoch is: {epoch, epochs, batch, batches}; None outside an epoch."""
+        if self.state is not State.TRAINING or not self.slots:
+            return None
+        try:
+            done, total = ray.get(self.slots[self.source].handle.position.remote(), timeout=5)
+        except (ray.exceptions.RayError, IndexError):
+            return None
+        return {"epoch": self.epoch, "epochs": self.plan.total_epochs, "batch": done, "batches": total}
+
     def final_state(self) -> dict[str, Any] | None:
         """After FINISHED: the topology, input description and every block's state (for checkpoints)."""
         return self.final
@@ -585,8 +620,20 @@ def stage_env() -> dict[str, str]:
     return env
 
 
-def launch_controller(cfg: RunConfig, run_name: str) -> Any:
-    """Start a run's controller actor: named (found by run name in the growpipe namespace), threaded, no CPU."""
+def stage_bundle(cfg: RunConfig, cluster_has_gpus: bool) -> dict[str, float]:
+    """The resources of one stage actor (and of its placement-group bundle)."""
+    gpus = cfg.runtime.gpus_per_stage
+    if gpus is None:
+        gpus = 1.0 if cluster_has_gpus else 0.0
+    bundle = {"CPU": float(cfg.runtime.cpus_per_stage)}
+    if gpus:
+        bundle["GPU"] = float(gpus)
+    return bundle
+
+
+def launch_controller(cfg: RunConfig, run_name: str, reserved: tuple[Any, int] | None = None) -> Any:
+    """Start a run's controller actor: named (found by run name in the growpipe namespace), threaded, no CPU.
+    `reserved`: (placement group, first bundle) to place the stages in (see Controller)."""
     return (
         ray.remote(Controller)
         .options(
@@ -596,7 +643,7 @@ def launch_controller(cfg: RunConfig, run_name: str) -> Any:
             max_concurrency=16,  # run() + progress polls + grow() calls waiting for their turn
             runtime_env={"env_vars": envvars.forwarded()},
         )
-        .remote(cfg, run_name)
+        .remote(cfg, run_name, None, reserved)
     )
 
 

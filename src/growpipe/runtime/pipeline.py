@@ -13,6 +13,7 @@ import ray
 
 from growpipe.config import RunConfig
 from growpipe.errors import ConfigError, PipelineError
+from growpipe.progress import EpochBar
 from growpipe.runtime import NAMESPACE
 from growpipe.runtime.controller import launch_controller, logical_cpus_needed
 from growpipe.tracking import resolve_tracking
@@ -29,35 +30,51 @@ def check_runtime_supports(cfg: RunConfig) -> None:
         )
 
 
-def connect(cfg: RunConfig, address: str | None = None) -> bool:
-    """Make sure Ray is up: an existing connection, `address` / $RAY_ADDRESS, or an embedded local Ray.
+def connect(cfg: RunConfig, address: str | None = None, cpus: int | None = None) -> tuple[bool, str | None]:
+    """Make sure Ray is up: an existing connection, `address` / $RAY_ADDRESS, or an embedded local Ray
+    (with `cpus` logical CPUs, default: enough for the run).
 
-    Returns True when this call started or connected Ray (and so should shut it down).
+    Returns (True when this call started or connected Ray and so should shut it down, the dashboard URL).
     """
     if ray.is_initialized():
-        return False
+        return False, None
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address:
-        ray.init(address=address, namespace=NAMESPACE, log_to_driver=True)
-        return True
-    cpus = cfg.runtime.num_cpus or max(os.cpu_count() or 1, logical_cpus_needed(cfg))
-    ray.init(
+        ctx = ray.init(address=address, namespace=NAMESPACE, log_to_driver=True)
+        return True, _url(ctx.dashboard_url)
+    cpus = cpus or cfg.runtime.num_cpus or max(os.cpu_count() or 1, logical_cpus_needed(cfg))
+    ctx = ray.init(
         num_cpus=cpus,
         namespace=NAMESPACE,
-        include_dashboard=False,
+        include_dashboard=cfg.runtime.dashboard,
         log_to_driver=True,
         _system_config={"max_direct_call_object_size": cfg.runtime.inline_kb * 1024},
     )
-    return True
+    return True, _url(ctx.dashboard_url)
+
+
+def _url(address: str | None) -> str | None:
+    if not address:
+        return None
+    return address if "://" in address else f"http://{address}"
 
 
 class Pipeline:
     """One run on Ray: `train()` blocks until the controller finishes and returns the result JSON."""
 
-    def __init__(self, cfg: RunConfig, address: str | None = None, run_name: str | None = None):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        address: str | None = None,
+        run_name: str | None = None,
+        reserved: tuple[Any, int] | None = None,
+    ):
+        """`reserved` = (placement group, first bundle) to place the stages in, e.g. a Tune trial's."""
         self.cfg = cfg
         self.address = address
         self.run_name = run_name or cfg.name
+        self.reserved = reserved
+        self.dashboard_url: str | None = None
         self.controller: Any = None
         self._owns_ray = False
 
@@ -65,7 +82,7 @@ class Pipeline:
         """Connect to Ray and launch the controller (refuses a second live run with the same name)."""
         check_runtime_supports(self.cfg)
         self.cfg = resolve_tracking(self.cfg)  # a path from here: the controller may run elsewhere
-        self._owns_ray = connect(self.cfg, self.address)
+        self._owns_ray, self.dashboard_url = connect(self.cfg, self.address)
         try:
             ray.get_actor(self.run_name, namespace=NAMESPACE)
         except ValueError:
@@ -75,25 +92,57 @@ class Pipeline:
             raise PipelineError(
                 f"a run named {self.run_name!r} is already running on this cluster; set name: to another"
             )
-        self.controller = launch_controller(self.cfg, self.run_name)
+        self.controller = launch_controller(self.cfg, self.run_name, self.reserved)
         return self
 
-    def train(self, progress: Callable[[str], None] | None = print) -> dict[str, Any]:
-        """Run to the end, printing the controller's progress lines; raise PipelineError if it fails."""
+    def train(
+        self,
+        progress: Callable[[str], None] | None = print,
+        on_epoch: Callable[[dict[str, Any]], None] | None = None,
+        bar: EpochBar | None = None,
+    ) -> dict[str, Any]:
+        """Run to the end, passing the controller's progress lines to `progress`, each finished epoch's row
+        to `on_epoch` (e.g. a Tune report) and the running epoch's position to `bar`; raise PipelineError
+        if the run fails."""
         if self.controller is None:
             self.start()
+        if progress and self.dashboard_url:
+            progress(f"ray    dashboard {self.dashboard_url}")
         ref = self.controller.run.remote()
-        seen = 0
+        seen = rows = 0
         while True:
             ready, _ = ray.wait([ref], timeout=POLL_S)
             seen = self._drain(seen, progress)
+            rows = self._report_rows(rows, on_epoch)
             if ready:
                 break
+            if bar is not None and bar.active:
+                self._draw(bar)
         result = ray.get(ref)
+        if bar is not None:
+            bar.clear()
         self._drain(seen, progress)
+        self._report_rows(rows, on_epoch)
         if "error" in result:
             raise PipelineError(result["error"])
         return result
+
+    def _report_rows(self, since: int, on_epoch: Callable[[dict[str, Any]], None] | None) -> int:
+        if on_epoch is None:
+            return since
+        try:
+            rows = ray.get(self.controller.rows.remote(since), timeout=30)
+        except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
+            return since
+        for row in rows:
+            on_epoch(row)
+        return since + len(rows)
+
+    def _draw(self, bar: EpochBar) -> None:
+        with contextlib.suppress(ray.exceptions.RayError):
+            pos = ray.get(self.controller.epoch_position.remote(), timeout=10)
+            if pos:
+                bar.update(pos["epoch"], pos["epochs"], pos["batch"], pos["batches"])
 
     def final_net(self) -> Any:
         """The trained net rebuilt in this process from the stages' final states (after train())."""
@@ -134,9 +183,13 @@ class Pipeline:
 
 
 def train_ray(
-    cfg: RunConfig, address: str | None = None, progress: Callable[[str], None] | None = print, keep_net: bool = False
+    cfg: RunConfig,
+    address: str | None = None,
+    progress: Callable[[str], None] | None = print,
+    keep_net: bool = False,
+    bar: EpochBar | None = None,
 ) -> tuple[dict[str, Any], Any]:
     """Train on Ray; return the result JSON and (with keep_net) the trained net rebuilt in this process."""
     with Pipeline(cfg, address) as p:
-        result = p.train(progress)
+        result = p.train(progress, bar=bar)
         return result, (p.final_net() if keep_net else None)

@@ -11,6 +11,7 @@ Stage is a plain class (testable without Ray); the controller applies `ray.remot
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -86,6 +87,7 @@ class Stage:
         self.stats = StageStats()
         self.packets_seen = 0
         self._pause = threading.Event()
+        self._position = (0, 0)  # (batches done, batches in the epoch) of the running run_epoch
         self.cache: PrefixCache | None = None
         self._sending_cache = False  # what goes downstream now is a cache pass, not training
         self.delay_s = envvars.step_delay_s()
@@ -140,6 +142,8 @@ class Stage:
             raise StageError(f"stage {self.index} has no data: stage 0 reads the dataset, a cache holder its cache")
         paused_at = None
         self._pause.clear()  # a pause asked for after the previous call had ended is moot
+        n = self.cache.n if self.cache is not None else len(self.bundle.train)  # type: ignore[union-attr]
+        self._position = (start_batch, math.ceil(n / bs))
         while True:
             t0 = time.perf_counter()
             p = next(batches, None)
@@ -150,8 +154,14 @@ class Stage:
                 paused_at = p.index
                 break
             self._process(p.to(self.device))
+            self._position = (p.index + 1, self._position[1])
         self._pause.clear()
         return {**self.flush(), "paused_at": paused_at}
+
+    @ray.method(concurrency_group="control")
+    def position(self) -> tuple[int, int]:
+        """(batches done, batches in the epoch) of the epoch this source stage streams (for progress bars)."""
+        return self._position
 
     @ray.method(concurrency_group="control")
     def request_pause(self) -> None:

@@ -1,0 +1,374 @@
+"""Run a sweep file with Ray Tune: check it, reserve resources per trial, record it in MLflow, write the
+best config.
+
+Every trial of a `kind: train` sweep gets one placement group: a small bundle for the trial's own driver
+and one bundle per block it may grow to, so its stage actors never compete with another trial's. A
+`kind: thresholds` sweep computes a trained net's per-exit predictions once and every trial re-reads them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from growpipe.config import RunConfig, build_config, dump_config
+from growpipe.errors import ConfigError, GrowpipeError
+from growpipe.fsutil import atomic_write_text
+from growpipe.tracking import default_tracking_uri, experiment_id, flatten, run_url
+from growpipe.tune.predictions import StoredExits, compute_exits, save_exits
+from growpipe.tune.spec import SweepSpec, base_raw, check_search_space, trial_config
+from growpipe.tune.trials import trial_run_name
+
+TRAIN_METRICS = ("test_accuracy", "val_accuracy", "samples_per_second", "blocks")
+TRAIN_METRIC_PREFIXES = ("acc.exit", "loss.")
+THRESHOLD_METRICS = ("score", "accuracy", "macs_saved", "mean_depth", "macs_per_sample")
+
+
+def trial_bundles(spec: SweepSpec, cfg: RunConfig, cluster_has_gpus: bool) -> list[dict[str, float]]:
+    """The placement group of one trial: its driver's bundle, then one per block it may grow to."""
+    from growpipe.runtime.controller import stage_bundle
+
+    head = {"CPU": spec.resources.trial_cpus}
+    if spec.kind == "thresholds":
+        return [head]
+    return [head] + [stage_bundle(cfg, cluster_has_gpus)] * cfg.max_blocks()
+
+
+def _total(bundles: list[dict[str, float]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for b in bundles:
+        for k, v in b.items():
+            out[k] = out.get(k, 0.0) + v
+    return out
+
+
+def check_metric(spec: SweepSpec, cfgs: list[RunConfig]) -> None:
+    """The metric must be one every trial reports."""
+    m = spec.objective
+    if spec.kind == "thresholds":
+        if m not in THRESHOLD_METRICS:
+            raise ConfigError(f"metric: {m!r} is not reported by threshold trials; use {list(THRESHOLD_METRICS)}")
+        return
+    if m not in TRAIN_METRICS and not m.startswith(TRAIN_METRIC_PREFIXES):
+        raise ConfigError(
+            f"metric: {m!r} is not reported by training trials; use one of {list(TRAIN_METRICS)} or acc.exitN / loss.*"
+        )
+    if m == "val_accuracy" and any(c.data.val_fraction <= 0 for c in cfgs):
+        raise ConfigError("metric: val_accuracy needs a validation split; set data.val_fraction (e.g. 0.1) in set:")
+
+
+def check_fits(spec: SweepSpec, cfgs: list[RunConfig], cluster: dict[str, float]) -> dict[str, float]:
+    """The largest trial's resources; ConfigError when even one such trial cannot fit the cluster."""
+    gpus = cluster.get("GPU", 0) > 0
+    need = max((_total(trial_bundles(spec, c, gpus)) for c in cfgs), key=lambda t: (t.get("GPU", 0), t["CPU"]))
+    short = [k for k, v in need.items() if v > cluster.get(k, 0) + 1e-9]
+    if short:
+        have = ", ".join(f"{k} {cluster.get(k, 0):g}" for k in need)
+        want = ", ".join(f"{k} {v:g}" for k, v in need.items())
+        blocks = max(c.max_blocks() for c in cfgs)
+        raise ConfigError(
+            f"resources: one trial needs {want} (resources.trial_cpus plus one bundle per block, up to {blocks} "
+            f"blocks) but the cluster has {have}; lower resources.cpus_per_stage / gpus_per_stage or the block "
+            "counts, or add nodes"
+        )
+    return need
+
+
+def prepare(spec: SweepSpec) -> tuple[dict[str, Any], list[RunConfig]]:
+    """Everything that can be checked without Ray: the base config and every corner of the search space."""
+    base = base_raw(spec)
+    cfgs = check_search_space(spec, base)
+    check_metric(spec, cfgs)
+    if spec.kind == "train":
+        bad = [c for c in cfgs if c.method == "bp"]
+        if bad:
+            raise ConfigError("method: bp is not pipelined on Ray yet; sweep al, scpl or dascpl")
+    return base, cfgs
+
+
+class SweepRecord:
+    """The sweep's parent MLflow run (trials become its children); never fails the sweep."""
+
+    def __init__(self, cfg: RunConfig, spec: SweepSpec, say: Callable[[str], None]):
+        self.say = say
+        self.uri = cfg.tracking.uri or default_tracking_uri(cfg.tracking.workdir)
+        self.enabled = cfg.tracking.mlflow
+        self.client: Any = None
+        self.run_id: str | None = None
+        self.experiment_id: str | None = None
+        if not self.enabled:
+            return
+        try:
+            from mlflow.tracking import MlflowClient
+
+            self.client = MlflowClient(tracking_uri=self.uri)
+            self.experiment_id = experiment_id(self.client, cfg.tracking.experiment)
+            tags = {"growpipe.sweep": spec.name, "growpipe.kind": spec.kind}
+            self.run_id = self.client.create_run(self.experiment_id, run_name=spec.name, tags=tags).info.run_id
+            params = flatten(spec.model_dump(mode="json", exclude_none=True))
+            for k, v in list(params.items())[:100]:
+                self.client.log_param(self.run_id, k, v)
+            say(f"mlflow sweep run {run_url(self.uri, self.experiment_id, self.run_id)}")
+        except Exception as e:  # tracking must not stop the sweep
+            say(f"warn   MLflow at {self.uri} not usable ({type(e).__name__}: {str(e)[:160]}); sweeping without it")
+            self.run_id = None
+
+    def finish(self, metrics: dict[str, float], files: list[Path], status: str) -> None:
+        if self.run_id is None:
+            return
+        try:
+            for k, v in metrics.items():
+                self.client.log_metric(self.run_id, k, v)
+            for f in files:
+                self.client.log_artifact(self.run_id, str(f))
+            self.client.set_terminated(self.run_id, status=status)
+        except Exception as e:
+            self.say(f"warn   MLflow: could not finish the sweep run ({type(e).__name__}: {str(e)[:160]})")
+
+    def close_children(self, stopped: set[str]) -> None:
+        """Trials ASHA stopped (or killed) leave their MLflow runs open: mark them KILLED, tagged
+        growpipe.stopped_early (run names listed in `stopped`, or any child still RUNNING)."""
+        if self.run_id is None:
+            return
+        try:
+            children = self.client.search_runs(
+                [self.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{self.run_id}'"
+            )
+            for run in children:
+                early = run.info.run_name in stopped
+                if early:
+                    self.client.set_tag(run.info.run_id, "growpipe.stopped_early", "true")
+                if early or run.info.status == "RUNNING":
+                    self.client.set_terminated(run.info.run_id, status="KILLED")
+        except Exception as e:
+            self.say(f"warn   MLflow: could not close the trial runs ({type(e).__name__}: {str(e)[:160]})")
+
+    def child_tracking(self, spec: SweepSpec) -> dict[str, Any] | None:
+        if self.run_id is None:
+            return None
+        return {"uri": self.uri, "parent_run_id": self.run_id, "experiment_id": self.experiment_id, "sweep": spec.name}
+
+
+def _scheduler(spec: SweepSpec, cfgs: list[RunConfig]) -> Any:
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+    if spec.kind == "thresholds" or spec.scheduler.name == "fifo":
+        return FIFOScheduler()
+    return ASHAScheduler(
+        time_attr="training_iteration",
+        max_t=max(c.total_epochs() for c in cfgs),
+        grace_period=spec.scheduler.grace_period,
+        reduction_factor=spec.scheduler.reduction_factor,
+    )
+
+
+def _source_exits(
+    spec: SweepSpec, base: dict[str, Any], address: str | None, say: Callable[[str], None]
+) -> StoredExits:
+    """The predictions every threshold trial re-reads (training the source net first when asked)."""
+    assert spec.source is not None
+    ck = Path(spec.source.checkpoint)
+    if not (ck / "manifest.json").is_file():
+        if not spec.source.train_if_missing:
+            raise ConfigError(
+                f"source.checkpoint: {ck} is not a checkpoint; train one (growpipe train --save {ck}) "
+                "or set source.train_if_missing: true"
+            )
+        from growpipe.checkpoint import save_checkpoint
+        from growpipe.runtime.pipeline import train_ray
+
+        cfg = build_config(base, "the source net's config")
+        say(f"source {ck} is missing: training {cfg.method} on {cfg.data.name} first")
+        summary, net = train_ray(cfg, address, say, keep_net=True)
+        save_checkpoint(ck, net, {"growth": summary["growth"], "epochs": summary["epochs"]})
+    stored = compute_exits(ck, spec.source.split)
+    say(f"source {ck}: {len(stored.preds.labels)} {spec.source.split} samples, exits {stored.preds.depths}, "
+        f"full-path accuracy {stored.preds.accuracy(stored.preds.depths[-1]):.4f}")  # fmt: skip
+    return stored
+
+
+def run_sweep(spec: SweepSpec, address: str | None = None, say: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run the sweep to the end; return its summary (best params, metric, best-config path, trials)."""
+    from ray import tune
+
+    from growpipe.runtime.pipeline import connect
+    from growpipe.tracking import resolve_tracking
+
+    base, cfgs = prepare(spec)
+    base_cfg = resolve_tracking(build_config(base, "base config"))
+    base = {**base, "tracking": base_cfg.tracking.model_dump(mode="json")}
+    out = spec.out_dir()
+    owns = False
+    if not ray.is_initialized():
+        from growpipe.runtime.controller import logical_cpus_needed
+
+        addr = address or os.environ.get("RAY_ADDRESS")
+        need = _total(trial_bundles(spec, max(cfgs, key=lambda c: c.max_blocks()), False))["CPU"]
+        if spec.kind == "thresholds":  # room to train the source net when it is missing
+            need = max(need, logical_cpus_needed(base_cfg))
+        cpus = None if addr else max(os.cpu_count() or 1, math.ceil(need))
+        owns, dashboard = connect(base_cfg, addr, cpus=cpus)
+        if dashboard:
+            say(f"ray    dashboard {dashboard}")
+    try:
+        cluster = ray.cluster_resources()
+        need_one = check_fits(spec, cfgs, cluster)
+        say(f"sweep  {spec.name}: {spec.kind}, metric {spec.objective} ({spec.mode}), {spec.num_samples} sample(s) "
+            f"x grid, each trial reserves {', '.join(f'{k} {v:g}' for k, v in need_one.items())}")  # fmt: skip
+        gpus = cluster.get("GPU", 0) > 0
+        space = {k: d.to_tune() for k, d in spec.search_space.items()}
+        stored = _source_exits(spec, base, address, say) if spec.kind == "thresholds" else None
+        record = SweepRecord(base_cfg, spec, say)
+        if stored is not None:
+            save_exits(out / "exits.npz", stored)
+            trainable = tune.with_parameters(
+                growpipe_thresholds,
+                stored=stored,
+                cost_weight=spec.cost_weight,
+                confidence=base_cfg.eval.confidence,
+                tracking=record.child_tracking(spec),
+                sweep=spec.name,
+            )
+            trainable = tune.with_resources(trainable, {"CPU": spec.resources.trial_cpus})
+        else:
+            trainable = tune.with_parameters(
+                growpipe_train, base=base, sweep=spec.name, metric=spec.objective, parent_run_id=record.run_id,
+                save_checkpoint=spec.save_checkpoints,
+            )  # fmt: skip
+            trainable = tune.with_resources(
+                trainable,
+                lambda params: tune.PlacementGroupFactory(
+                    trial_bundles(spec, trial_config(base, params), gpus), strategy=base_cfg.runtime.placement
+                ),
+            )
+        tuner = tune.Tuner(
+            trainable,
+            param_space=space,
+            tune_config=tune.TuneConfig(
+                metric=spec.objective,
+                mode=spec.mode,
+                num_samples=spec.num_samples,
+                scheduler=_scheduler(spec, cfgs),
+                max_concurrent_trials=spec.resources.max_concurrent_trials,
+            ),
+            run_config=tune.RunConfig(
+                name="trials",
+                storage_path=str(out),
+                verbose=1 if spec.kind == "train" else 0,
+                failure_config=tune.FailureConfig(max_failures=0),
+            ),  # fmt: skip
+        )
+        try:
+            grid = tuner.fit()
+        except BaseException:
+            record.finish({}, [], "KILLED")
+            raise
+        return _finish(spec, base, grid, record, out, say)
+    finally:
+        if owns:
+            ray.shutdown()
+
+
+def growpipe_train(params: dict[str, Any], **kw: Any) -> None:
+    from growpipe.tune.trials import train_trial
+
+    train_trial(params, **kw)
+
+
+def growpipe_thresholds(params: dict[str, Any], **kw: Any) -> None:
+    from growpipe.tune.trials import threshold_trial
+
+    threshold_trial(params, **kw)
+
+
+def _finish(
+    spec: SweepSpec, base: dict[str, Any], grid: Any, record: SweepRecord, out: Path, say: Callable[[str], None]
+) -> dict[str, Any]:
+    """Results table, best config YAML, parent-run metrics."""
+    trials = []
+    for r in grid:
+        trials.append({
+            "trial": (r.metrics or {}).get("trial_id") or (r.path.rsplit("/", 1)[-1] if r.path else "?"),
+            "params": dict(r.config),
+            "metric": (r.metrics or {}).get(spec.objective),
+            "epochs": (r.metrics or {}).get("training_iteration"),
+            "error": str(r.error).splitlines()[0] if r.error else None,
+            "checkpoint": r.checkpoint.path if r.checkpoint else None,
+        })  # fmt: skip
+    if spec.kind == "train":
+        planned = {t["trial"]: trial_config(base, t["params"]).total_epochs() for t in trials}
+        for t in trials:
+            t["stopped_early"] = not t["error"] and (t["epochs"] or 0) < planned[t["trial"]]
+        record.close_children({trial_run_name(spec.name, t["trial"]) for t in trials if t["stopped_early"]})
+    ok = [t for t in trials if t["metric"] is not None and not t["error"]]
+    if not ok:
+        errors = "; ".join(t["error"] for t in trials if t["error"]) or "no trial reported the metric"
+        record.finish({}, [], "FAILED")
+        raise GrowpipeError(f"sweep {spec.name}: no trial finished ({errors[:400]})")
+    best = (max if spec.mode == "max" else min)(ok, key=lambda t: t["metric"])
+    best_cfg = _best_config(spec, base, best["params"])
+    out.mkdir(parents=True, exist_ok=True)
+    best_path = atomic_write_text(out / "best.yaml", dump_config(best_cfg))
+    table = format_trials(spec, trials)
+    table_path = atomic_write_text(out / "trials.md", table + "\n")
+    say(table)
+    say(f"best   {spec.objective} {best['metric']:.4f} with {best['params']}")
+    say(f"best config: {best_path}  (growpipe train --config {best_path})")
+    if best["checkpoint"]:
+        say(f"best checkpoint: {best['checkpoint']}")
+    metrics = {f"best.{spec.objective}": float(best["metric"]), "trials": len(trials), "trials_ok": len(ok)}
+    record.finish(metrics, [best_path, table_path], "FINISHED")
+    return {
+        "sweep": spec.name,
+        "kind": spec.kind,
+        "metric": spec.objective,
+        "mode": spec.mode,
+        "best": best,
+        "best_config": str(best_path),
+        "trials": trials,
+        "mlflow_run_id": record.run_id,
+    }
+
+
+def _best_config(spec: SweepSpec, base: dict[str, Any], params: dict[str, Any]) -> RunConfig:
+    """A run config `growpipe train --config` accepts: the trial's config, tracking fields of the sweep cleared."""
+    if spec.kind == "thresholds":
+        from growpipe.checkpoint import read_manifest
+
+        assert spec.source is not None
+        raw = read_manifest(spec.source.checkpoint)["config"]
+        p = {"eval.thresholds": [float(params["threshold"])]}
+        if "eval.confidence" in params:
+            p["eval.confidence"] = params["eval.confidence"]
+    else:
+        raw, p = base, dict(params)
+    cfg = trial_config(raw, p, "best config")
+    tracking = cfg.tracking.model_copy(update={"run_id": None, "parent_run_id": None, "uri": None})
+    return cfg.model_copy(update={"name": f"{spec.name}-best", "tracking": tracking})
+
+
+def format_trials(spec: SweepSpec, trials: list[dict[str, Any]]) -> str:
+    """A Markdown table of every trial, best first."""
+    keys = list(spec.search_space)
+    sign = -1 if spec.mode == "max" else 1
+    rows = sorted(trials, key=lambda t: (t["metric"] is None, sign * (t["metric"] or 0)))
+    lines = [
+        "| trial | " + " | ".join(keys) + f" | {spec.objective} | epochs | note |",
+        "|" + " --- |" * (len(keys) + 4),
+    ]
+    for t in rows:
+        vals = [_fmt(t["params"].get(k)) for k in keys]
+        metric = "-" if t["metric"] is None else f"{t['metric']:.4f}"
+        note = t["error"] or ("stopped early (ASHA)" if t.get("stopped_early") else "")
+        cells = [t["trial"][:40], *vals, metric, str(t["epochs"] or "-"), note[:80]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
