@@ -65,6 +65,7 @@ def suite_config(
         f"grow.cache.enabled={str(cache).lower()}",
         "runtime.timeline_epoch=0",
         "runtime.dashboard=false",
+        "checkpoint.enabled=false",
         "tracking.mlflow=false",
     ]
     if limit_train:

@@ -61,6 +61,7 @@ def bench_config(
             "train": {"epochs": epochs},
             "runtime": {"window": 4, "cpus_per_stage": 1, "timeline_epoch": 0, "dashboard": False},
             "tracking": {"mlflow": False},  # a benchmark measures, it does not record runs
+            "checkpoint": {"enabled": False},
         }
     )
 

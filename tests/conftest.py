@@ -33,6 +33,7 @@ def tiny_config(**sections: Any) -> RunConfig:
         "al": {"code_dim": 16},
         "scpl": {"proj_dim": 16},
         "tracking": {"mlflow": False},
+        "checkpoint": {"enabled": False},
     }
     return build_config(deep_merge(base, sections))
 

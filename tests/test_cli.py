@@ -9,7 +9,18 @@ from growpipe.checkpoint import load_checkpoint, save_checkpoint
 from growpipe.cli import main
 from growpipe.errors import CheckpointError
 
-FAST = ["--set", "net.width=32", "--set", "train.epochs=1", "--set", "al.code_dim=8", "--set", "tracking.mlflow=false"]
+FAST = [
+    "--set",
+    "net.width=32",
+    "--set",
+    "train.epochs=1",
+    "--set",
+    "al.code_dim=8",
+    "--set",
+    "tracking.mlflow=false",
+    "--set",
+    "checkpoint.enabled=false",
+]
 
 
 def test_train_writes_result_json_and_checkpoint_then_evaluate(tmp_path: Path, capsys):

@@ -248,3 +248,31 @@ def test_prefix_cache_spills_to_disk_or_is_refused_past_its_memory_bound(tmp_pat
     needle = r"cache needs 0.421 MB, more than grow.cache.max_memory_mb=0.01; raise it, or set grow.cache.spill"
     with pytest.raises(PipelineError, match=needle), Pipeline(refused) as p:
         p.train(progress=None)
+
+
+def test_growth_waits_for_capacity_then_gives_up_clearly_and_the_run_goes_on(monkeypatch):
+    """Constrained local Ray: a placement group holds the free CPUs. A request waits up to
+    runtime.placement_timeout_s for them (as for an autoscaler), is refused past it while the run goes on,
+    and a later one succeeds when the CPUs come back during its wait."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    monkeypatch.setenv("GROWPIPE_STEP_DELAY_MS", "150")
+    cfg = _slow_run("capacity", epochs=3).model_copy(deep=True)
+    cfg.runtime.placement_timeout_s = 3.0
+    with Pipeline(cfg) as p:
+        run = _Background(p)
+        _wait_for_epoch(p, 1)
+        free = int(ray.available_resources().get("CPU", 0))
+        hog = placement_group([{"CPU": 1}] * free)
+        ray.get(hog.ready(), timeout=30)
+        t0 = time.time()
+        with pytest.raises(PipelineError, match=r"cannot place 1 stage\(s\).*placement_timeout_s=3s"):
+            request_growth("capacity", {"kind": "layer"})
+        assert time.time() - t0 >= 3.0  # it waited for capacity first
+        assert ray.get(p.controller.status.remote())["state"] == "training"  # the run goes on
+        threading.Timer(1.5, remove_placement_group, args=(hog,)).start()  # capacity comes while it waits
+        answer = request_growth("capacity", {"kind": "layer"})
+        result = run.result()
+    assert answer["block"] == 2
+    assert result["blocks"] == 3 and result["epochs"] == 3 and len(result["growth"]) == 1
+    assert any("request refused: cannot place" in line for line in run.lines)

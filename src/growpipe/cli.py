@@ -52,6 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--plot-out", metavar="PNG", help="plot accuracy vs compute (every exit, adaptive) here")
     tr.add_argument("--save", metavar="DIR", help="write a checkpoint directory here (weights + manifest)")
     tr.add_argument("--quiet", "-q", action="store_true", help="no per-epoch progress lines")
+    tr.add_argument(
+        "--resume",
+        metavar="NAME",
+        help="continue run NAME from its newest complete checkpoint (checkpoint.uri): same topology, growth "
+        "history and MLflow run; 'auto': the config's run, or a fresh start when it has no checkpoint",
+    )
 
     gr = sub.add_parser(
         "grow",
@@ -129,7 +135,17 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from growpipe.report import format_report, format_stage_table
     from growpipe.tracking import resolve_tracking, ui_command
 
-    cfg = resolve_tracking(load_config(args.config, args.overrides))
+    resume_from = None
+    if args.resume:
+        from growpipe.resume import plan_resume
+
+        if args.runtime == "local":
+            raise GrowpipeError("--resume: checkpoints are written by the Ray runtime; drop --runtime local")
+        cfg, resume_from = plan_resume(args.config, args.overrides, args.resume)
+        print(f"resume {resume_from.path if resume_from else 'nothing to resume: starting run ' + repr(cfg.name)}")
+    else:
+        cfg = load_config(args.config, args.overrides)
+    cfg = resolve_tracking(cfg)
     bar = EpochBar()  # a redrawn bar per epoch in a terminal; plain lines in job logs and pipes
     progress = None if args.quiet else bar.line
     if args.runtime == "local":
@@ -139,7 +155,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
         from growpipe.runtime.pipeline import check_runtime_supports, train_ray
 
         check_runtime_supports(cfg)
-        summary, net = train_ray(cfg, args.address, progress, keep_net=bool(args.save), bar=None if args.quiet else bar)
+        summary, net = train_ray(
+            cfg, args.address, progress, keep_net=bool(args.save), bar=None if args.quiet else bar, resume=resume_from
+        )
     print(format_report(summary))
     if "stages" in summary:
         print(format_stage_table(summary["stages"]))

@@ -304,6 +304,9 @@ class RuntimeSpec(_Strict):
     """Longest wait for one packet downstream or one control call before the run fails."""
     timeline_epoch: int = Field(1, ge=0)
     """Epoch whose per-stage timeline is recorded as a Chrome trace (0: none)."""
+    max_stage_restarts: int = Field(3, ge=0)
+    """A stage actor that dies is replaced and the run rolls back to its last checkpoint, up to this many
+    times per run (needs checkpoint.enabled); then the run fails."""
 
     @model_validator(mode="after")
     def _group_fits_window(self) -> RuntimeSpec:
@@ -313,6 +316,22 @@ class RuntimeSpec(_Strict):
                 "raise window or lower packets_per_call"
             )
         return self
+
+
+class CheckpointSpec(_Strict):
+    """Run checkpoints (Ray runtime): every stage's block and optimizer state plus a manifest, for resume
+    and for recovering from a lost stage actor."""
+
+    enabled: bool = True
+    uri: str = "runs/checkpoints"
+    """A local path (shared by every node on a cluster) or a pyarrow.fs URI such as s3://bucket/prefix;
+    checkpoints go to URI/RUN_NAME/."""
+    every_epochs: int = Field(1, ge=0)
+    """Write one at the end of every N-th epoch (0: only at the start and at each growth)."""
+    every_batches: int = Field(0, ge=0)
+    """Also write one every N batches inside an epoch (0: never); the pipeline drains first."""
+    keep: int = Field(2, ge=1)
+    """How many complete checkpoints to keep (older ones are deleted after a new one is complete)."""
 
 
 class TrackingSpec(_Strict):
@@ -325,7 +344,7 @@ class TrackingSpec(_Strict):
     workdir: str = "runs"
     """Local directory for the default sqlite store and for tracking entries that could not be sent."""
     run_id: str | None = None
-    """Log into this existing MLflow run instead of starting one (resuming)."""
+    """Log into this existing MLflow run instead of starting one (resuming: its params are not logged again)."""
     parent_run_id: str | None = None
     """Start the run as a child of this MLflow run (a sweep's trials under the sweep's run)."""
 
@@ -349,6 +368,7 @@ class RunConfig(_Strict):
     eval: EvalSpec = EvalSpec()
     runtime: RuntimeSpec = RuntimeSpec()
     tracking: TrackingSpec = TrackingSpec()
+    checkpoint: CheckpointSpec = CheckpointSpec()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:

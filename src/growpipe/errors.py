@@ -28,5 +28,9 @@ class StageError(GrowpipeError, RuntimeError):
     """A pipeline stage failed or died; the message names the stage, its block and the original error."""
 
 
+class StageLostError(StageError):
+    """A stage actor (or its node) is gone; the run can recover from its last checkpoint."""
+
+
 class PipelineError(GrowpipeError, RuntimeError):
     """A pipeline run could not start or did not finish."""

@@ -103,7 +103,8 @@ class MlflowTracker(RunCallback):
 
     # ---- the callback ----------------------------------------------------------------------------------
     def on_start(self) -> None:
-        self.queue.append({"op": "params", "params": flatten(self.cfg.model_dump(mode="json"))})
+        if not self.cfg.tracking.run_id:  # an existing (resumed) run has its params already
+            self.queue.append({"op": "params", "params": flatten(self.cfg.model_dump(mode="json"))})
         self.artifact_text("config.yaml", _yaml(self.cfg.model_dump(mode="json")))
         self.flush()
         if self.run_id:

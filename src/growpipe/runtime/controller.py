@@ -27,8 +27,17 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from growpipe import envvars
 from growpipe.callbacks import RunCallback, notify, run_callbacks
+from growpipe.checkpoint_store import CheckpointRef, CheckpointStore
 from growpipe.config import GrowStep, RunConfig, parse_grow_request
-from growpipe.errors import ConfigError, GrowpipeError, PipelineError, ShapeError, StageError
+from growpipe.errors import (
+    CheckpointError,
+    ConfigError,
+    GrowpipeError,
+    PipelineError,
+    ShapeError,
+    StageError,
+    StageLostError,
+)
 from growpipe.growth import FrozenWatch, GrowthPlan, growth_event, note_epoch
 from growpipe.nn.net import plan_blocks, plan_growth_block
 from growpipe.nn.specs import BlockSpec, InputInfo
@@ -70,9 +79,26 @@ class Controller:
         run_name: str,
         callbacks: list[RunCallback] | None = None,
         reserved: tuple[Any, int] | None = None,
+        resume: CheckpointRef | None = None,
     ):
         """`reserved` = (placement group, first bundle): place the stages in those bundles (a Tune trial's
-        placement group) instead of making placement groups of its own; growth takes the next bundles."""
+        placement group) instead of making placement groups of its own; growth takes the next bundles.
+        `resume`: start from this checkpoint (topology, weights, position, growth history, MLflow run)."""
+        self.store = (
+            CheckpointStore(cfg.checkpoint.uri, run_name, cfg.checkpoint.keep) if cfg.checkpoint.enabled else None
+        )
+        self._resume: tuple[CheckpointRef, dict[str, Any]] | None = None
+        if resume is not None:
+            store = self.store or CheckpointStore(cfg.checkpoint.uri, run_name, cfg.checkpoint.keep)
+            manifest = store.read_manifest(resume)
+            self._resume = (resume, manifest)
+            if cfg.tracking.mlflow and manifest.get("mlflow_run_id") and not cfg.tracking.run_id:
+                cfg = cfg.model_copy(
+                    update={"tracking": cfg.tracking.model_copy(update={"run_id": manifest["mlflow_run_id"]})}
+                )
+        self.restarts = 0
+        self.resume_batch = 0  # the batch the next epoch starts at (after a mid-epoch restore)
+        self.ckpt_seq = 0
         self.cfg = cfg
         self.run_name = run_name
         self.state = State.STARTING
@@ -140,14 +166,19 @@ class Controller:
 
     def _starting(self) -> State:
         cfg = self.cfg
-        k = cfg.net.blocks
+        manifest = self._resume[1] if self._resume else None
+        k = len(manifest["topology"]) if manifest else cfg.net.blocks
         if self._reserved_pg is None:
             self._shared_pg = self._make_pg(k, cfg.runtime.placement)
         first = self._launch_in_shared(0)
         self.slots = [first]
         self.info, summary = self._get(first.handle.load_data.remote(), "stage 0 loading the data")
         self._say(f"data   {summary}")
-        specs = plan_blocks(cfg, self.info)
+        if manifest:
+            check_checkpoint_input(manifest, self.info)
+            specs = [BlockSpec.from_dict(t) for t in manifest["topology"]]
+        else:
+            specs = plan_blocks(cfg, self.info)
         self.slots += [self._launch_in_shared(i) for i in range(1, k)]
         for slot, spec in zip(self.slots, specs, strict=True):
             slot.spec = spec
@@ -157,12 +188,121 @@ class Controller:
             f"net    {cfg.method} on {cfg.net.backbone}: {k} stage actors ({names}), window {cfg.runtime.window}, "
             f"{self._resources_text()}"
         )
+        if self._resume:
+            ref, manifest = self._resume
+            self._restore_state(ref, manifest)
+            self._say(f"resume {ref.path}: epoch {self.epoch}, batch {self.resume_batch}, {k} blocks")
+            self._notify("on_start")
+            return self._after_restore()
         self._notify("on_start")
+        if self.store is not None and (gone := self.store.clear()):
+            self._say(f"ckpt   a fresh run: removed {gone} checkpoint(s) of an earlier run {self.run_name!r} "
+                      f"(growpipe train --resume {self.run_name} continues a run instead)")  # fmt: skip
+        self._checkpoint(0, 0)  # a restore point from the very start
         return self._next_after(0)
 
+    # ---- checkpoints and recovery ---------------------------------------------------------------------
+    def _checkpoint(self, epoch: int, batch: int) -> None:
+        """Write every stage's state (each stage its own shard) and then the manifest (the commit)."""
+        if self.store is None:
+            return
+        assert self.info is not None
+        self.ckpt_seq += 1
+        path = self.store.dir_for(epoch, batch, self.ckpt_seq)
+        shards = self._get_all([s.handle.save_shard.remote(path) for s in self.slots], "writing a checkpoint")
+        manifest = {
+            "run": self.run_name,
+            "epoch": epoch,
+            "batch": batch,
+            "seq": self.ckpt_seq,
+            "config": self.cfg.model_dump(mode="json"),
+            "input": self.info.to_dict(),
+            "topology": [s.spec.to_dict() for s in self.slots],
+            "shards": shards,
+            "history": self.history,
+            "growth": self.growth,
+            "frozen_checksums": {str(i): v for i, v in self.watch.at_freeze.items()},
+            "train_seconds": self.train_seconds,
+            "samples": self.samples,
+            "caches": self.caches,
+            "restarts": self.restarts,
+            "mlflow_run_id": next((cb.run_id for cb in self.callbacks if getattr(cb, "run_id", None)), None),
+        }
+        ref = self.store.commit(path, manifest)
+        self._say(f"ckpt   {ref.path.rsplit('/', 1)[-1]} (epoch {epoch}, batch {batch}) in {self.store.root}")
+
+    def _restore_state(self, ref: CheckpointRef, manifest: dict[str, Any]) -> None:
+        """Load every stage's shard and the run's bookkeeping from a checkpoint (stages already built)."""
+        self._get_all(
+            [s.handle.restore.remote(ref.path, manifest["shards"][i]) for i, s in enumerate(self.slots)],
+            "restoring the blocks from the checkpoint",
+        )
+        self.epoch, self.resume_batch = manifest["epoch"], manifest["batch"]
+        self.ckpt_seq = max(self.ckpt_seq, manifest["seq"])
+        self.history, self.growth = list(manifest["history"]), list(manifest["growth"])
+        self.plan = GrowthPlan(self.cfg)
+        for event in self.growth:
+            self.plan.grew(event["epoch"])
+        self.watch = FrozenWatch()
+        self.watch.note({int(i): v for i, v in manifest["frozen_checksums"].items()})
+        self.train_seconds, self.samples = manifest["train_seconds"], manifest["samples"]
+        self.caches = list(manifest.get("caches", []))
+        self.source = 0
+        self.cache_due = self.cfg.grow.cache.enabled and bool(self.watch.at_freeze)
+        self.stage_totals = {}
+
+    def _after_restore(self) -> State:
+        """Where a restored run goes on: the rest of an epoch, the next epoch, or the end (a boundary
+        checkpoint is written after that boundary's growth, so nothing grows twice)."""
+        if self.resume_batch == 0 and self.epoch >= self.plan.total_epochs:
+            self._finish()
+            return State.FINISHED
+        return State.TRAINING
+
+    def _recover(self, error: BaseException) -> State:
+        """A stage actor died: replace every stage actor in its bundle, roll all of them back to the
+        newest complete checkpoint, and go on from there (at most runtime.max_stage_restarts times)."""
+        what = _describe(error)
+        limit = self.cfg.runtime.max_stage_restarts
+        ref = self.store.latest() if self.store else None
+        if ref is None:
+            raise PipelineError(f"{what}; no checkpoint to recover from (checkpoint.enabled is false)")
+        if self.restarts >= limit:
+            raise PipelineError(f"{what}; giving up after {self.restarts} restart(s) (runtime.max_stage_restarts)")
+        self.restarts += 1
+        self._say(f"recover {what}; restart {self.restarts}/{limit}: every stage back to {ref.path.rsplit('/', 1)[-1]}")
+        manifest = self.store.read_manifest(ref)  # type: ignore[union-attr]
+        specs = [BlockSpec.from_dict(t) for t in manifest["topology"]]
+        old = self.slots
+        for slot in old:
+            with contextlib.suppress(Exception):
+                ray.kill(slot.handle, no_restart=True)
+        for slot in old[len(specs) :]:  # grown after the checkpoint: that growth is undone
+            self._discard(slot)
+        for i in range(len(specs)):
+            _wait_name_free(f"{self.run_name}/stage{i}")
+        self.slots = [self._launch(i, o.pg, o.bundle, o.owns_pg) for i, o in enumerate(old[: len(specs)])]
+        for slot, spec in zip(self.slots, specs, strict=True):
+            slot.spec = spec
+        self._get(self.slots[0].handle.load_data.remote(), "stage 0 loading the data again")
+        self._setup_and_wire(self.slots)
+        self._restore_state(ref, manifest)
+        return self._after_restore()
+
     def _training(self) -> State:
+        try:
+            return self._train_epoch()
+        except Exception as e:
+            if not _stage_lost(e):
+                raise
+            return self._recover(e)
+
+    def _train_epoch(self) -> State:
+        served = False
         while not self.orders.empty():  # asked for between two epochs: no pause needed
-            self._serve_order(self.orders.get())
+            served = self._serve_order(self.orders.get()) or served
+        if served:
+            self._checkpoint(self.epoch, self.resume_batch)
         if self.cache_due:
             self._build_cache()
         self.epoch += 1
@@ -171,10 +311,12 @@ class Controller:
             self._get_all([s.handle.start_recording.remote() for s in self.slots], "starting the timeline")
         start = time.perf_counter()
         parts: list[list[dict[str, Any]]] = []
-        start_batch = 0
+        start_batch, self.resume_batch = self.resume_batch, 0
         while True:
             source = self.source
-            epoch_ref = self.slots[source].handle.run_epoch.remote(self.epoch, self._side_groups(), start_batch)
+            stop_at = self._next_checkpoint_batch(start_batch)
+            side = self._side_groups()
+            epoch_ref = self.slots[source].handle.run_epoch.remote(self.epoch, side, start_batch, stop_at)
             first, order = self._wait_epoch(epoch_ref)
             stats = [first]
             for i, slot in enumerate(self.slots[source + 1 :], source + 1):
@@ -185,6 +327,8 @@ class Controller:
             if first["paused_at"] is None:
                 break
             start_batch = first["paused_at"]
+            if order is not None or start_batch == stop_at:  # a growth, or every_batches: a restore point
+                self._checkpoint(self.epoch - 1, start_batch)
             if record:
                 self._get(self.slots[-1].handle.start_recording.remote(), "starting the timeline")
         stats = merge_stage_stats(parts)
@@ -202,11 +346,20 @@ class Controller:
         self._notify("after_epoch", row)
         return self._next_after(self.epoch)
 
+    def _next_checkpoint_batch(self, start_batch: int) -> int | None:
+        every = self.cfg.checkpoint.every_batches
+        if self.store is None or not every:
+            return None
+        return (start_batch // every + 1) * every
+
     def _next_after(self, epoch: int) -> State:
         """Next state after `epoch` finished epochs (0: the start): a planned growth, more epochs, or the end."""
         self.due = self.plan.due(epoch, self.history, len(self.slots))
         if self.due:
             return State.GROWING
+        every = self.cfg.checkpoint.every_epochs
+        if epoch and every and (epoch % every == 0 or epoch >= self.plan.total_epochs):
+            self._checkpoint(epoch, 0)
         if epoch < self.plan.total_epochs:
             return State.TRAINING
         self._finish()
@@ -220,6 +373,7 @@ class Controller:
 
     def _next_after_growth(self) -> State:
         self.due = []
+        self._checkpoint(self.epoch, 0)  # at each growth
         if self.epoch < self.plan.total_epochs:
             return State.TRAINING
         self._finish()
@@ -254,10 +408,12 @@ class Controller:
         order.done.wait()
         return order.answer if order.answer is not None else {"error": order.error}
 
-    def _serve_order(self, order: GrowOrder) -> None:
-        """Prepare and attach a request between epochs (the pipeline is idle)."""
+    def _serve_order(self, order: GrowOrder) -> bool:
+        """Prepare and attach a request between epochs (the pipeline is idle); True when it grew."""
         if self._prepare_order(order):
             self._attach_order(order, batch=None)
+            return True
+        return False
 
     def _prepare_order(self, order: GrowOrder) -> bool:
         """Place and build the requested block; on failure answer the caller and leave the run as it is."""
@@ -385,6 +541,8 @@ class Controller:
         sums = self._get_all([s.handle.checksum.remote() for s in self.slots], "checksumming the blocks")
         summary["frozen_unchanged"] = self.watch.unchanged(dict(enumerate(sums)))
         summary["prefix_caches"] = self.caches
+        summary["restarts"] = self.restarts
+        summary["checkpoints"] = self.store.root if self.store else None
         summary["placement"] = [
             {"stage": i, "placement_group": s.pg.id.hex(), "bundle": s.bundle} for i, s in enumerate(self.slots)
         ]
@@ -593,6 +751,35 @@ class Controller:
         }
 
 
+def _stage_lost(e: BaseException) -> bool:
+    """Did this error come from a stage actor (or its node) going away, rather than from the block?"""
+    if isinstance(e, ray.exceptions.RayActorError | StageLostError):
+        return True
+    return isinstance(e, ray.exceptions.RayTaskError) and isinstance(getattr(e, "cause", None), StageLostError)
+
+
+def _wait_name_free(name: str, timeout_s: float = 30.0) -> None:
+    """Wait until a killed actor's name can be taken again."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(name, namespace=NAMESPACE)
+        except ValueError:
+            return
+        time.sleep(0.1)
+
+
+def check_checkpoint_input(manifest: dict[str, Any], info: InputInfo) -> None:
+    """Refuse to resume on data whose shape, classes or vocabulary differ from the checkpoint's."""
+    found = info.to_dict()
+    for key, want in manifest["input"].items():
+        if found.get(key) != want:
+            raise CheckpointError(
+                f"checkpoint: the data's {key} is {found.get(key)} but the checkpoint was trained on {want}; "
+                "point data.root at the data it was trained on"
+            )
+
+
 def _describe(e: BaseException) -> str:
     """A one-line description of an error raised anywhere in the pipeline."""
     if isinstance(e, ray.exceptions.RayTaskError):
@@ -631,9 +818,12 @@ def stage_bundle(cfg: RunConfig, cluster_has_gpus: bool) -> dict[str, float]:
     return bundle
 
 
-def launch_controller(cfg: RunConfig, run_name: str, reserved: tuple[Any, int] | None = None) -> Any:
+def launch_controller(
+    cfg: RunConfig, run_name: str, reserved: tuple[Any, int] | None = None, resume: CheckpointRef | None = None
+) -> Any:
     """Start a run's controller actor: named (found by run name in the growpipe namespace), threaded, no CPU.
-    `reserved`: (placement group, first bundle) to place the stages in (see Controller)."""
+    `reserved`: (placement group, first bundle) to place the stages in; `resume`: a checkpoint to start
+    from (see Controller)."""
     return (
         ray.remote(Controller)
         .options(
@@ -643,7 +833,7 @@ def launch_controller(cfg: RunConfig, run_name: str, reserved: tuple[Any, int] |
             max_concurrency=16,  # run() + progress polls + grow() calls waiting for their turn
             runtime_env={"env_vars": envvars.forwarded()},
         )
-        .remote(cfg, run_name, None, reserved)
+        .remote(cfg, run_name, None, reserved, resume)
     )
 
 

@@ -7,10 +7,12 @@ import contextlib
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import ray
 
+from growpipe.checkpoint_store import CheckpointRef
 from growpipe.config import RunConfig
 from growpipe.errors import ConfigError, PipelineError
 from growpipe.progress import EpochBar
@@ -53,6 +55,15 @@ def connect(cfg: RunConfig, address: str | None = None, cpus: int | None = None)
     return True, _url(ctx.dashboard_url)
 
 
+def resolve_checkpoints(cfg: RunConfig) -> RunConfig:
+    """checkpoint.uri as an absolute path when it is a local one (actors may run in another directory)."""
+    uri = cfg.checkpoint.uri
+    if "://" in uri or Path(uri).is_absolute():
+        return cfg
+    ck = cfg.checkpoint.model_copy(update={"uri": str(Path(uri).resolve())})
+    return cfg.model_copy(update={"checkpoint": ck})
+
+
 def _url(address: str | None) -> str | None:
     if not address:
         return None
@@ -68,9 +79,12 @@ class Pipeline:
         address: str | None = None,
         run_name: str | None = None,
         reserved: tuple[Any, int] | None = None,
+        resume: CheckpointRef | None = None,
     ):
-        """`reserved` = (placement group, first bundle) to place the stages in, e.g. a Tune trial's."""
+        """`reserved` = (placement group, first bundle) to place the stages in, e.g. a Tune trial's;
+        `resume`: the checkpoint to continue from (see growpipe.resume.plan_resume)."""
         self.cfg = cfg
+        self.resume = resume
         self.address = address
         self.run_name = run_name or cfg.name
         self.reserved = reserved
@@ -81,7 +95,7 @@ class Pipeline:
     def start(self) -> Pipeline:
         """Connect to Ray and launch the controller (refuses a second live run with the same name)."""
         check_runtime_supports(self.cfg)
-        self.cfg = resolve_tracking(self.cfg)  # a path from here: the controller may run elsewhere
+        self.cfg = resolve_checkpoints(resolve_tracking(self.cfg))  # paths from here: actors may run elsewhere
         self._owns_ray, self.dashboard_url = connect(self.cfg, self.address)
         try:
             ray.get_actor(self.run_name, namespace=NAMESPACE)
@@ -92,7 +106,7 @@ class Pipeline:
             raise PipelineError(
                 f"a run named {self.run_name!r} is already running on this cluster; set name: to another"
             )
-        self.controller = launch_controller(self.cfg, self.run_name, self.reserved)
+        self.controller = launch_controller(self.cfg, self.run_name, self.reserved, self.resume)
         return self
 
     def train(
@@ -188,8 +202,10 @@ def train_ray(
     progress: Callable[[str], None] | None = print,
     keep_net: bool = False,
     bar: EpochBar | None = None,
+    resume: CheckpointRef | None = None,
 ) -> tuple[dict[str, Any], Any]:
-    """Train on Ray; return the result JSON and (with keep_net) the trained net rebuilt in this process."""
-    with Pipeline(cfg, address) as p:
+    """Train on Ray (from checkpoint `resume` when given); return the result JSON and (with keep_net) the
+    trained net rebuilt in this process."""
+    with Pipeline(cfg, address, resume=resume) as p:
         result = p.train(progress, bar=bar)
         return result, (p.final_net() if keep_net else None)

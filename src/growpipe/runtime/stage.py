@@ -21,10 +21,11 @@ import ray
 import torch
 
 from growpipe import envvars
+from growpipe.checkpoint_store import CheckpointStore
 from growpipe.config import RunConfig
 from growpipe.data import DataBundle, iterate_batches, load_data
 from growpipe.device import resolve_device, set_cpu_threads
-from growpipe.errors import StageError
+from growpipe.errors import StageError, StageLostError
 from growpipe.nn.block import Block
 from growpipe.nn.methods import build_block
 from growpipe.nn.packet import Packet
@@ -124,13 +125,29 @@ class Stage:
         """A CPU copy of the block's modules and optimizer state (the live block stays on its device)."""
         return _cpu_copy(self._require_block().state_dict())
 
+    def save_shard(self, ckpt_dir: str) -> str:
+        """Write this stage's block and optimizer state into checkpoint `ckpt_dir`; return its SHA-256."""
+        return self._store().write_shard(ckpt_dir, self.index, self.state_dict())
+
+    def restore(self, ckpt_dir: str, sha256: str) -> None:
+        """Load this stage's state from checkpoint `ckpt_dir` (hash-checked, weights_only)."""
+        block = self._require_block()
+        block.load_state_dict(self._store().load_shard(ckpt_dir, self.index, sha256))
+        block.to(self.device)
+
+    def _store(self) -> CheckpointStore:
+        return CheckpointStore(self.cfg.checkpoint.uri, self.cfg.name, self.cfg.checkpoint.keep)
+
     # ---- the per-batch path -------------------------------------------------------------------------
-    def run_epoch(self, epoch: int, side_groups: tuple[str, ...], start_batch: int = 0) -> dict[str, Any]:
+    def run_epoch(
+        self, epoch: int, side_groups: tuple[str, ...], start_batch: int = 0, stop_at: int | None = None
+    ) -> dict[str, Any]:
         """The source stage (stage 0 with the data, or the one holding the prefix cache): stream one
-        epoch of training batches (from `start_batch` on) through the pipeline.
+        epoch of training batches (from `start_batch` on, stopping before batch `stop_at`) through the pipeline.
 
         Returns this stage's stats; `paused_at` is the batch it stopped before when `request_pause` came
-        (None when the epoch ran to its end). Everything sent before the pause has been taken downstream.
+        or `stop_at` was reached (None when the epoch ran to its end). Everything sent before has been taken
+        downstream.
         """
         bs, seed = self.cfg.data.batch_size, self.cfg.seed
         if self.cache is not None:
@@ -150,7 +167,7 @@ class Stage:
             self.stats.wait_input_s += time.perf_counter() - t0
             if p is None:
                 break
-            if self._pause.is_set():
+            if self._pause.is_set() or (stop_at is not None and p.index >= stop_at):
                 paused_at = p.index
                 break
             self._process(p.to(self.device))
@@ -272,7 +289,7 @@ class Stage:
             raise StageError(f"stage {self.index + 1} failed: {cause or e}") from None
         except ray.exceptions.RayActorError as e:
             reason = str(e).splitlines()[0]
-            raise StageError(f"stage {self.index + 1} died ({reason})") from None
+            raise StageLostError(f"stage {self.index + 1} died ({reason})") from None
 
     # ---- the frozen-prefix cache ----------------------------------------------------------------------
     def train_size(self) -> int:

@@ -36,7 +36,9 @@ def train_trial(
 
     ctx = tune.get_context()
     name = trial_run_name(sweep, ctx.get_trial_id())
-    base = {**base, "name": name}
+    # Tune keeps the trained net (the last report's checkpoint); run checkpoints would only be copied
+    # along with the trial's directory
+    base = {**base, "name": name, "checkpoint": {**base.get("checkpoint", {}), "enabled": False}}
     if parent_run_id:
         base["tracking"] = {**base.get("tracking", {}), "parent_run_id": parent_run_id}
     cfg = trial_config(base, params, f"trial {ctx.get_trial_name()}")

@@ -1,0 +1,37 @@
+"""Which checkpoint a `growpipe train --resume` continues from, and with which config."""
+
+from __future__ import annotations
+
+from growpipe.checkpoint_store import CheckpointRef, CheckpointStore, config_differences
+from growpipe.config import RunConfig, apply_overrides, build_config, load_config
+from growpipe.errors import CheckpointError
+
+
+def plan_resume(config: str | None, overrides: list[str], resume: str) -> tuple[RunConfig, CheckpointRef | None]:
+    """The run config and the newest complete checkpoint of run `resume` ("auto": the config's name).
+
+    Without --config the checkpoint's own config is used (--set may change tracking, runtime, checkpoint,
+    eval fields, train.epochs and grow.max_blocks); with --config, any other difference is refused, naming
+    the field. `auto` starts fresh when the run has no checkpoint; a named run must have one.
+    """
+    given = load_config(config, overrides)
+    name = given.name if resume == "auto" else resume
+    store = CheckpointStore(given.checkpoint.uri, name, given.checkpoint.keep)
+    ref = store.latest()
+    if ref is None:
+        if resume == "auto":
+            return given.model_copy(update={"name": name}), None
+        raise CheckpointError(
+            f"--resume {name}: no complete checkpoint of run {name!r} in {store.root}; "
+            "check the run name and checkpoint.uri (or use --resume auto to start fresh)"
+        )
+    saved = store.read_manifest(ref)["config"]
+    cfg = given if config else build_config(apply_overrides(saved, overrides), f"{ref.path}/manifest.json + --set")
+    diff = config_differences(saved, cfg.model_dump(mode="json"))
+    if diff:
+        raise CheckpointError(
+            f"--resume {name}: the config does not match checkpoint {ref.path}: {diff[0]}"
+            + (f" (and {len(diff) - 1} more)" if len(diff) > 1 else "")
+            + "; resume without --config (the checkpoint's own) or start a run with another name"
+        )
+    return cfg.model_copy(update={"name": name}), ref

@@ -1,0 +1,125 @@
+"""Run checkpoints: atomic commit, keep-K, hash-checked loading, config checks on resume, and a process
+killed while it writes a checkpoint."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from growpipe.checkpoint_store import CheckpointStore, config_differences
+from growpipe.errors import CheckpointError
+from growpipe.resume import plan_resume
+
+
+def _state(v: float) -> dict:
+    return {"modules": {"w": torch.full((3, 3), v)}, "optimizers": {}, "frozen": False, "steps": 1}
+
+
+def _write(store: CheckpointStore, epoch: int, batch: int, seq: int, v: float, config: dict | None = None):
+    path = store.dir_for(epoch, batch, seq)
+    shards = [store.write_shard(path, i, _state(v + i)) for i in range(2)]
+    return store.commit(path, {"epoch": epoch, "batch": batch, "seq": seq, "shards": shards, "config": config or {}})
+
+
+def test_commit_latest_and_keep_k(tmp_path: Path):
+    store = CheckpointStore(str(tmp_path), "run", keep=2)
+    assert store.latest() is None
+    for seq, epoch in enumerate([1, 2, 3], start=1):
+        _write(store, epoch, 0, seq, float(epoch))
+    done = store.complete()
+    assert [(c.epoch, c.seq) for c in done] == [(2, 2), (3, 3)]  # the oldest was pruned
+    ref = store.latest()
+    manifest = store.read_manifest(ref)
+    assert torch.equal(store.load_shard(ref.path, 1, manifest["shards"][1])["modules"]["w"], torch.full((3, 3), 4.0))
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [Path(c.path).name for c in done]
+
+
+def test_changed_shard_and_damaged_manifest_are_refused(tmp_path: Path):
+    store = CheckpointStore(str(tmp_path), "run")
+    ref = _write(store, 1, 0, 1, 1.0)
+    manifest = store.read_manifest(ref)
+    shard = Path(ref.path) / "stage-0.pt"
+    data = bytearray(shard.read_bytes())
+    data[-20] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="stage-0.pt does not match the SHA-256"):
+        store.load_shard(ref.path, 0, manifest["shards"][0])
+    (Path(ref.path) / "manifest.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="manifest.json is unreadable"):
+        store.read_manifest(ref)
+
+
+def test_resume_refuses_a_config_that_does_not_match_naming_the_field(tmp_path: Path):
+    from growpipe.config import RunConfig, dump_config
+
+    saved = RunConfig(name="r").model_dump(mode="json")
+    store = CheckpointStore(str(tmp_path), "r")
+    _write(store, 1, 0, 1, 1.0, config=saved)
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text(dump_config(RunConfig(name="r")))
+    common = [f"checkpoint.uri={tmp_path}"]
+    cfg, ref = plan_resume(str(cfg_file), [*common, "train.epochs=20"], "r")  # more epochs: allowed
+    assert ref is not None and ref.epoch == 1 and cfg.train.epochs == 20
+    with pytest.raises(CheckpointError, match=r"net.width: checkpoint has 256, this run has 64"):
+        plan_resume(str(cfg_file), [*common, "net.width=64"], "r")
+    with pytest.raises(CheckpointError, match="no complete checkpoint of run 'other'"):
+        plan_resume(None, common, "other")
+    fresh, none = plan_resume(None, [*common, "name=other"], "auto")
+    assert none is None and fresh.name == "other"
+    assert config_differences({"a": {"b": 1}, "runtime": {"window": 2}}, {"a": {"b": 2}, "runtime": {"window": 4}}) == [
+        "a.b: checkpoint has 1, this run has 2"
+    ]
+
+
+def test_process_killed_while_writing_a_checkpoint_leaves_the_previous_one_loadable(tmp_path: Path):
+    """A real process writes checkpoint 1, then dies (SIGKILL) halfway through checkpoint 2's manifest."""
+    script = textwrap.dedent(
+        f"""
+        import os, signal, torch
+        from growpipe.checkpoint_store import CheckpointStore
+        store = CheckpointStore({str(tmp_path)!r}, "run")
+        state = {{"modules": {{"w": torch.ones(4)}}, "optimizers": {{}}, "frozen": False, "steps": 1}}
+        p1 = store.dir_for(1, 0, 1)
+        store.commit(p1, {{"epoch": 1, "batch": 0, "seq": 1, "shards": [store.write_shard(p1, 0, state)]}})
+        state["modules"]["w"] = torch.zeros(4)
+        p2 = store.dir_for(2, 0, 2)
+        store.write_shard(p2, 0, state)
+        with store.fs.open_output_stream(p2 + "/.manifest.json.tmp") as f:
+            f.write(b'{{"epoch": 2, "batch"')
+            f.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr
+    store = CheckpointStore(str(tmp_path), "run")
+    ref = store.latest()
+    assert (ref.epoch, ref.seq) == (1, 1)  # the half-written one is not complete
+    assert (tmp_path / "run" / "ckpt-000002-0000000-0002" / "stage-0.pt").is_file()
+    manifest = store.read_manifest(ref)
+    assert torch.equal(store.load_shard(ref.path, 0, manifest["shards"][0])["modules"]["w"], torch.ones(4))
+
+
+def test_nothing_in_the_package_unpickles_untrusted_files():
+    src = Path(__file__).resolve().parents[1] / "src" / "growpipe"
+    for path in src.rglob("*.py"):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            where = f"{path.name}:{n}"
+            if "torch.load(" in line:
+                assert "weights_only=True" in line, where
+            if "np.load(" in line:
+                assert "allow_pickle=False" in line, where
+            assert "pickle.load" not in line and "import pickle" not in line, where
+
+
+def test_a_uri_goes_through_pyarrow_filesystems(tmp_path: Path):
+    store = CheckpointStore(f"file://{tmp_path}/uri", "run")
+    ref = _write(store, 1, 5, 1, 2.0)
+    assert store.latest() == ref and (tmp_path / "uri" / "run" / "ckpt-000001-0000005-0001" / "manifest.json").is_file()
+    with pytest.raises(CheckpointError, match="checkpoint.uri 'nosuchfs://x'"):
+        CheckpointStore("nosuchfs://x", "run")

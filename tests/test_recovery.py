@@ -1,0 +1,134 @@
+"""Surviving failures on a real local Ray: a stage actor killed mid-run, and the driver killed then resumed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import ray
+import yaml
+from mlflow.tracking import MlflowClient
+
+from growpipe.checkpoint_store import CheckpointStore
+from growpipe.errors import PipelineError
+from growpipe.runtime import NAMESPACE
+from growpipe.runtime.pipeline import Pipeline
+from tests.conftest import tiny_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _cfg(tmp_path: Path, name: str, **extra):
+    base = {
+        "name": name,
+        "method": "dascpl",
+        "threads": 1,
+        "net": {"width": 32},
+        "train": {"epochs": 4},
+        "checkpoint": {"enabled": True, "uri": str(tmp_path / "ck"), "every_epochs": 1},
+        "runtime": {"timeline_epoch": 0},
+    }
+    base.update(extra)
+    return tiny_config(**base)
+
+
+def _kill_stage_during(p: Pipeline, stage: str, epoch: int, killed: list[str]) -> None:
+    deadline = time.time() + 120
+    while time.time() < deadline and ray.get(p.controller.status.remote())["epoch"] < epoch:
+        time.sleep(0.05)
+    time.sleep(0.3)  # inside that epoch
+    ray.kill(ray.get_actor(stage, namespace=NAMESPACE), no_restart=True)
+    killed.append(stage)
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_killed_stage_actor_is_replaced_and_the_run_ends_as_if_undisturbed(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("GROWPIPE_STEP_DELAY_MS", "25")  # ~0.6 s per epoch: time to kill one mid-epoch
+    with Pipeline(_cfg(tmp_path, "calm")) as p:
+        calm = p.train(progress=None)
+    lines: list[str] = []
+    killed: list[str] = []
+    with Pipeline(_cfg(tmp_path, "disturbed")) as p:  # started: the controller exists
+        t = threading.Thread(target=_kill_stage_during, args=(p, "disturbed/stage1", 2, killed))
+        t.start()
+        result = p.train(progress=lines.append)
+        t.join(timeout=60)
+    assert killed == ["disturbed/stage1"]
+    assert result["restarts"] == 1 and any(line.startswith("recover a stage actor died") or
+                                           line.startswith("recover stage") for line in lines), lines  # fmt: skip
+    assert result["epochs"] == 4 and [r["epoch"] for r in result["history"]] == [1, 2, 3, 4]
+    assert abs(result["test_accuracy"] - calm["test_accuracy"]) <= 0.01
+    # rolled back to a whole-epoch checkpoint and replayed from there: the same weights as undisturbed
+    assert result["test_accuracy"] == calm["test_accuracy"]
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_without_checkpoints_a_lost_stage_fails_the_run_clearly(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("GROWPIPE_STEP_DELAY_MS", "25")
+    cfg = _cfg(tmp_path, "nockpt", checkpoint={"enabled": False})
+    killed: list[str] = []
+    with Pipeline(cfg) as p:
+        t = threading.Thread(target=_kill_stage_during, args=(p, "nockpt/stage1", 1, killed))
+        t.start()
+        with pytest.raises(PipelineError, match="no checkpoint to recover from"):
+            p.train(progress=None)
+        t.join(timeout=60)
+
+
+def test_killed_driver_resumes_from_its_checkpoint_in_the_same_mlflow_run(tmp_path: Path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    config = {
+        "name": "resumable",
+        "method": "dascpl",
+        "net": {"width": 32},
+        "al": {"code_dim": 8},
+        "train": {"epochs": 3},
+        "grow": {"schedule": [{"kind": "layer", "epochs": 3}]},
+        "checkpoint": {"uri": str(tmp_path / "ck"), "every_epochs": 1},
+        "tracking": {"uri": uri, "experiment": "resume", "workdir": str(tmp_path)},
+        "runtime": {"dashboard": False, "timeline_epoch": 0, "num_cpus": 3},
+    }
+    cfg_file = tmp_path / "run.yaml"
+    cfg_file.write_text(yaml.safe_dump(config))
+    env = {**os.environ, "GROWPIPE_STEP_DELAY_MS": "40", "RAY_AGENT_PORT": "0"}
+    cmd = [sys.executable, "-m", "growpipe.cli", "train", "--config", str(cfg_file), "-q"]
+    driver = subprocess.Popen(cmd, env=env, cwd=tmp_path, start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    store = CheckpointStore(str(tmp_path / "ck"), "resumable")
+    deadline = time.time() + 240
+    try:
+        while time.time() < deadline:  # past the growth (end of epoch 3) and one more epoch
+            ref = store.latest()
+            if ref is not None and ref.epoch >= 4:
+                break
+            assert driver.poll() is None, "the driver ended before it could be killed"
+            time.sleep(0.2)
+        else:
+            pytest.fail("no checkpoint past epoch 4 within 4 minutes")
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver and the Ray it started, mid-run
+        driver.wait(timeout=60)
+    out = tmp_path / "result.json"
+    resumed = subprocess.run([*cmd, "--resume", "auto", "--json-out", str(out)], env=env, cwd=tmp_path,
+                             capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    assert f"resume {tmp_path / 'ck' / 'resumable'}/ckpt-" in resumed.stdout
+    result = json.loads(out.read_text())
+    assert result["epochs"] == 6 and result["blocks"] == 3
+    assert [(g["epoch"], g["blocks"]) for g in result["growth"]] == [(3, 3)]  # no repeated growth
+    assert [r["epoch"] for r in result["history"]] == [1, 2, 3, 4, 5, 6]
+
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("resume").experiment_id])
+    assert len(runs) == 1  # the resumed run logged into the same MLflow run
+    run = runs[0]
+    assert run.info.status == "FINISHED"
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "growth.blocks")] == [(3, 3.0)]
+    assert {m.step for m in client.get_metric_history(run.info.run_id, "test_accuracy")} == {1, 2, 3, 4, 5, 6}
