@@ -276,3 +276,33 @@ def test_growth_waits_for_capacity_then_gives_up_clearly_and_the_run_goes_on(mon
     assert answer["block"] == 2
     assert result["blocks"] == 3 and result["epochs"] == 3 and len(result["growth"]) == 1
     assert any("request refused: cannot place" in line for line in run.lines)
+
+
+def test_without_capacity_a_new_block_is_packed_into_the_last_stage_and_trains_the_same():
+    """grow.on_no_capacity: pack. No CPU is free for the grown block's stage, so after the placement wait
+    the block runs in the last stage's actor, after that stage's own block; the maths is unchanged, so the
+    weights still match the reference trainer."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    cfg = tiny_config(
+        name="packed", method="dascpl", threads=1, train={"epochs": 2},
+        grow={"schedule": [{"kind": "layer", "epochs": 1}, {"kind": "layer", "epochs": 1}], "on_no_capacity": "pack"},
+        runtime={"placement_timeout_s": 2.0},
+    )  # fmt: skip
+    reference = train_local(cfg, progress=None)
+    before = ray.available_resources().get("CPU", 0)
+    hog = placement_group([{"CPU": 1}] * int(before - 2))  # room for the first two stages only
+    ray.get(hog.ready(), timeout=30)
+    lines: list[str] = []
+    try:
+        with Pipeline(cfg) as p:
+            result = p.train(progress=lines.append)
+            net = p.final_net()
+    finally:
+        remove_placement_group(hog)
+    assert result["blocks"] == 4 and [g["blocks"] for g in result["growth"]] == [3, 4]
+    assert [s["packed_into"] for s in result["placement"]] == [None, None, 1, 1]
+    assert sum("grow.on_no_capacity=pack: block" in line for line in lines) == 2
+    assert set(result["history"][-2]["loss"]) == {"b2.supcon", "b2.ce"}  # the packed blocks' own losses
+    assert set(result["history"][-1]["loss"]) == {"b3.supcon", "b3.ce"}
+    _assert_same_weights(reference.net, net, atol=1e-6)

@@ -240,6 +240,9 @@ class GrowSpec(_Strict):
     freeze: bool = True
     """Freeze earlier blocks when a block is appended (only the new block trains)."""
     cache: CacheSpec = CacheSpec()
+    on_no_capacity: Literal["fail", "pack"] = "fail"
+    """A new block whose stage cannot be placed within runtime.placement_timeout_s: fail the growth (a
+    request is refused, a planned growth ends the run), or pack the block into the last stage's actor."""
 
     @model_validator(mode="after")
     def _one_policy(self) -> GrowSpec:

@@ -61,10 +61,13 @@ TERMINAL = (State.FINISHED, State.ERRORED)
 class _StageSlot:
     """A launched stage: its actor handle, placement group and spec."""
 
-    def __init__(self, handle: Any, pg: Any, spec: BlockSpec | None, owns_pg: bool, bundle: int = 0):
+    def __init__(
+        self, handle: Any, pg: Any, spec: BlockSpec | None, owns_pg: bool, bundle: int = 0, host: int | None = None
+    ):
         self.handle = handle
         self.pg = pg
         self.bundle = bundle
+        self.host = host  # packed into the actor of stage `host` (grow.on_no_capacity: pack); None: its own
         self.spec = spec
         self.owns_pg = owns_pg
         self.block_name = "?"
@@ -168,8 +171,9 @@ class Controller:
         cfg = self.cfg
         manifest = self._resume[1] if self._resume else None
         k = len(manifest["topology"]) if manifest else cfg.net.blocks
+        hosts: list[int | None] = list(manifest.get("hosts") or [None] * k) if manifest else [None] * k
         if self._reserved_pg is None:
-            self._shared_pg = self._make_pg(k, cfg.runtime.placement)
+            self._shared_pg = self._make_pg(sum(h is None for h in hosts), cfg.runtime.placement)
         first = self._launch_in_shared(0)
         self.slots = [first]
         self.info, summary = self._get(first.handle.load_data.remote(), "stage 0 loading the data")
@@ -179,7 +183,8 @@ class Controller:
             specs = [BlockSpec.from_dict(t) for t in manifest["topology"]]
         else:
             specs = plan_blocks(cfg, self.info)
-        self.slots += [self._launch_in_shared(i) for i in range(1, k)]
+        for i in range(1, k):
+            self.slots.append(self._launch_in_shared(i) if hosts[i] is None else self._packed_slot(hosts[i]))
         for slot, spec in zip(self.slots, specs, strict=True):
             slot.spec = spec
         self._setup_and_wire(self.slots)
@@ -209,7 +214,9 @@ class Controller:
         assert self.info is not None
         self.ckpt_seq += 1
         path = self.store.dir_for(epoch, batch, self.ckpt_seq)
-        shards = self._get_all([s.handle.save_shard.remote(path) for s in self.slots], "writing a checkpoint")
+        shards = self._get_all(
+            [s.handle.save_shard.remote(path, s.spec.index) for s in self.slots], "writing a checkpoint"
+        )
         manifest = {
             "run": self.run_name,
             "epoch": epoch,
@@ -218,6 +225,7 @@ class Controller:
             "config": self.cfg.model_dump(mode="json"),
             "input": self.info.to_dict(),
             "topology": [s.spec.to_dict() for s in self.slots],
+            "hosts": [s.host for s in self.slots],
             "shards": shards,
             "history": self.history,
             "growth": self.growth,
@@ -234,7 +242,7 @@ class Controller:
     def _restore_state(self, ref: CheckpointRef, manifest: dict[str, Any]) -> None:
         """Load every stage's shard and the run's bookkeeping from a checkpoint (stages already built)."""
         self._get_all(
-            [s.handle.restore.remote(ref.path, manifest["shards"][i]) for i, s in enumerate(self.slots)],
+            [s.handle.restore.remote(ref.path, manifest["shards"][i], s.spec.index) for i, s in enumerate(self.slots)],
             "restoring the blocks from the checkpoint",
         )
         self.epoch, self.resume_batch = manifest["epoch"], manifest["batch"]
@@ -281,7 +289,10 @@ class Controller:
             self._discard(slot)
         for i in range(len(specs)):
             _wait_name_free(f"{self.run_name}/stage{i}")
-        self.slots = [self._launch(i, o.pg, o.bundle, o.owns_pg) for i, o in enumerate(old[: len(specs)])]
+        self.slots = []
+        for i, o in enumerate(old[: len(specs)]):
+            packed = o.host is not None
+            self.slots.append(self._packed_slot(o.host) if packed else self._launch(i, o.pg, o.bundle, o.owns_pg))
         for slot, spec in zip(self.slots, specs, strict=True):
             slot.spec = spec
         self._get(self.slots[0].handle.load_data.remote(), "stage 0 loading the data again")
@@ -320,7 +331,8 @@ class Controller:
             first, order = self._wait_epoch(epoch_ref)
             stats = [first]
             for i, slot in enumerate(self.slots[source + 1 :], source + 1):
-                stats.append(self._get(slot.handle.flush.remote(), f"stage {i} draining"))
+                if slot.host is None:  # a packed block is drained with its host
+                    stats.append(self._get(slot.handle.flush.remote(), f"stage {i} draining"))
             parts.append(stats)
             if order is not None:  # prepared while the epoch ran; the pipeline is drained now
                 self._attach_order(order, batch=first["paused_at"])
@@ -337,7 +349,7 @@ class Controller:
         self.samples += stats[0]["samples"]
         self._accumulate(stats, seconds, record)
         ev = self._evaluate()
-        losses = {f"b{s['stage']}.{k}": v for s in stats for k, v in s["loss"].items()}
+        losses = {_loss_key(s["stage"], k): v for s in stats for k, v in s["loss"].items()}
         training = sum(1 for s in stats if s["loss"])
         row = epoch_row(self.epoch, self.cfg, len(self.slots), training, losses, ev, stats[0]["samples"], seconds)
         self.history.append(row)
@@ -430,16 +442,24 @@ class Controller:
     def _attach_order(self, order: GrowOrder, batch: int | None) -> None:
         assert order.slot is not None
         event = self._attach(order.slot, order.ask.as_step(), "request", batch)
-        order.succeed({**event, "stage": f"{self.run_name}/stage{order.slot.spec.index}"})
+        actor = order.slot.spec.index if order.slot.host is None else order.slot.host
+        order.succeed({**event, "stage": f"{self.run_name}/stage{actor}", "packed": order.slot.host is not None})
 
     def _prepare_block(self, step: GrowStep) -> _StageSlot:
         """Place a new stage actor and build the block `step` asks for on top of the current last block."""
         assert self.info is not None
         spec = plan_growth_block(self.cfg, self.info, self._last_spec(), step)
-        if self._reserved_pg is not None:
-            slot = self._launch_in_shared(spec.index)
-        else:
-            slot = self._launch(spec.index, self._make_pg(1, "PACK"), 0, owns_pg=True)
+        try:
+            if self._reserved_pg is not None:
+                slot = self._launch_in_shared(spec.index)
+            else:
+                slot = self._launch(spec.index, self._make_pg(1, "PACK"), 0, owns_pg=True)
+        except PipelineError as e:
+            if self.cfg.grow.on_no_capacity != "pack":
+                raise
+            host = self._host_of(len(self.slots) - 1)
+            self._say(f"grow   {e}; grow.on_no_capacity=pack: block {spec.index} goes into stage actor {host}")
+            slot = self._packed_slot(host)
         slot.spec = spec
         try:
             self._setup_and_wire([slot])
@@ -454,10 +474,11 @@ class Controller:
         assert slot.spec is not None
         last = self.slots[-1]
         if self.cfg.grow.freeze:
-            self._get_all([s.handle.freeze.remote() for s in self.slots], "freezing the earlier stages")
-            sums = self._get_all([s.handle.checksum.remote() for s in self.slots], "checksumming frozen blocks")
+            self._get_all([s.handle.freeze.remote(s.spec.index) for s in self.slots], "freezing the earlier stages")
+            sums = self._checksums("checksumming frozen blocks")
             self.watch.note(dict(enumerate(sums)))
-            self.cache_due = self.cfg.grow.cache.enabled
+            # a packed block streams through its host: no prefix cache for it
+            self.cache_due = self.cfg.grow.cache.enabled and slot.host is None
         if self.source:  # the rest of this epoch streams from the data again; the next one from a new cache
             self._get(self.slots[self.source].handle.drop_cache.remote(), "dropping the old prefix cache")
             self.source = 0
@@ -465,14 +486,16 @@ class Controller:
         event = growth_event(done_epochs, step, len(self.slots) + 1, self.history, source, batch)
         event["block"] = slot.spec.index
         self.slots.append(slot)
-        self._get(last.handle.set_downstream.remote(slot.handle), "rewiring the last stage")
+        if slot.host is None:
+            self._get(last.handle.set_downstream.remote(slot.handle), "rewiring the last stage")
         self.plan.grew(done_epochs)
         self.last_eval = None
         self.growth.append(event)
         where = f" at epoch {self.epoch} batch {batch}" if batch is not None else ""
+        actor = f"stage actor {slot.spec.index}" if slot.host is None else f"packed into stage actor {slot.host}"
         self._say(
             f"grow   +{step.kind} block {slot.spec.index} ({slot.spec.encoder.family}) -> {len(self.slots)} blocks, "
-            f"stage actor {slot.spec.index} ({slot.block_name}){where}"
+            f"{actor} ({slot.block_name}){where}"
         )
         self._notify("on_growth", event)
         return event
@@ -487,7 +510,8 @@ class Controller:
         start = time.perf_counter()
         self._wait_long(self.slots[0].handle.cache_pass.remote(self._side_groups()))
         for i, slot in enumerate(self.slots[1:k], 1):
-            self._get(slot.handle.flush.remote(), f"stage {i} draining the cache pass")
+            if slot.host is None:
+                self._get(slot.handle.flush.remote(), f"stage {i} draining the cache pass")
         where = self._get(target.handle.cache_info.remote(), "checking the prefix cache")
         self.source = k
         self.cache_due = False
@@ -524,6 +548,8 @@ class Controller:
             order.fail(why)
 
     def _discard(self, slot: _StageSlot) -> None:
+        if slot.host is not None:  # the host actor serves other blocks
+            return
         with contextlib.suppress(Exception):  # already dead
             ray.kill(slot.handle, no_restart=True)
         if slot.owns_pg:
@@ -538,18 +564,21 @@ class Controller:
         hops = [s["hop_ms_median"] for s in summary["stages"] if s["hop_ms_median"] is not None]
         summary["hop_overhead_ms"] = sorted(hops)[len(hops) // 2] if hops else None
         summary["timeline"] = {"traceEvents": self.timeline, "displayTimeUnit": "ms"}
-        sums = self._get_all([s.handle.checksum.remote() for s in self.slots], "checksumming the blocks")
+        sums = self._checksums("checksumming the blocks")
         summary["frozen_unchanged"] = self.watch.unchanged(dict(enumerate(sums)))
         summary["prefix_caches"] = self.caches
         summary["restarts"] = self.restarts
         summary["checkpoints"] = self.store.root if self.store else None
         summary["placement"] = [
-            {"stage": i, "placement_group": s.pg.id.hex(), "bundle": s.bundle} for i, s in enumerate(self.slots)
+            {"stage": i, "placement_group": s.pg.id.hex() if s.pg else None, "bundle": s.bundle, "packed_into": s.host}
+            for i, s in enumerate(self.slots)
         ]
         self.final = {
             "topology": [s.spec.to_dict() for s in self.slots],
             "info": self.info,
-            "states": self._get_all([s.handle.state_dict.remote() for s in self.slots], "collecting the weights"),
+            "states": self._get_all(
+                [s.handle.state_dict.remote(s.spec.index) for s in self.slots], "collecting the weights"
+            ),
         }
         self.result = summary
         self._notify("on_finish", summary)
@@ -570,9 +599,11 @@ class Controller:
         return stage_bundle(self.cfg, ray.cluster_resources().get("GPU", 0) > 0)
 
     def _launch_in_shared(self, index: int) -> _StageSlot:
-        """Launch stage `index` in the run's shared placement group: its own, or the next reserved bundle."""
+        """Launch stage `index` in the next bundle of the run's shared placement group: its own, or the
+        reserved one it was given."""
         if self._reserved_pg is None:
-            return self._launch(index, self._shared_pg, index, owns_pg=False)
+            self._next_bundle += 1
+            return self._launch(index, self._shared_pg, self._next_bundle - 1, owns_pg=False)
         bundles = len(self._reserved_pg.bundle_specs)
         if self._next_bundle >= bundles:
             raise PipelineError(
@@ -621,7 +652,19 @@ class Controller:
         for slot, name in zip(slots, names, strict=True):
             slot.block_name = name
         for up, down in zip(slots, slots[1:], strict=False):
-            self._get(up.handle.set_downstream.remote(down.handle), "wiring the stages")
+            if down.host is None:
+                self._get(up.handle.set_downstream.remote(down.handle), "wiring the stages")
+
+    def _checksums(self, what: str) -> list[str]:
+        return self._get_all([s.handle.checksum.remote(s.spec.index) for s in self.slots], what)
+
+    def _host_of(self, i: int) -> int:
+        """The stage whose actor runs block i."""
+        return self.slots[i].host if self.slots[i].host is not None else i
+
+    def _packed_slot(self, host: int) -> _StageSlot:
+        """A block that runs in stage `host`'s actor, after that stage's own block."""
+        return _StageSlot(self.slots[host].handle, None, None, owns_pg=False, host=host)
 
     def _wait_epoch(self, ref: Any) -> tuple[dict[str, Any], GrowOrder | None]:
         """Stage 0's stats for this run_epoch call, and the grow request prepared meanwhile (if any), for
@@ -642,7 +685,7 @@ class Controller:
 
     def _evaluate(self) -> dict[str, Any]:
         topology = [s.spec.to_dict() for s in self.slots]
-        states = [s.handle.state_dict.remote() for s in self.slots]
+        states = [s.handle.state_dict.remote(s.spec.index) for s in self.slots]
         ev = self._get(self.slots[0].handle.evaluate.remote(topology, self.info, *states), "evaluating")
         self.last_eval = ev
         return ev
@@ -749,6 +792,11 @@ class Controller:
             "stages": [{"index": s.spec.index if s.spec else None, "block": s.block_name} for s in self.slots],
             "error": self.error,
         }
+
+
+def _loss_key(stage: int, key: str) -> str:
+    """`b{block}.{loss}`: a stage reports its own block's losses plainly and a packed block's as @N.loss."""
+    return f"b{key[1:]}" if key.startswith("@") else f"b{stage}.{key}"
 
 
 def _stage_lost(e: BaseException) -> bool:

@@ -79,6 +79,7 @@ class Stage:
         if self.device.type == "cpu":
             set_cpu_threads(max(1, int(cfg.runtime.cpus_per_stage)))
         self.block: Block | None = None
+        self.packed: list[Block] = []  # blocks packed into this actor after its own (grow.on_no_capacity: pack)
         self.bundle: DataBundle | None = None
         self.downstream: Any = None
         self.inflight: deque[tuple[Any, int]] = deque()  # (call ref, packets in it)
@@ -102,38 +103,56 @@ class Stage:
         return InputInfo.from_bundle(self.bundle), self.bundle.summary()
 
     def setup(self, spec: BlockSpec, info: InputInfo, state: dict[str, Any] | None = None) -> str:
-        """Build this stage's block (same seed as the reference trainer) and optionally load its state."""
-        self.block = build_block(self.cfg, spec, info)
+        """Build this stage's block (same seed as the reference trainer) and optionally load its state.
+        A stage that has its block already takes the new one on top of it, in the same actor (packing)."""
+        block = build_block(self.cfg, spec, info)
         if state is not None:
-            self.block.load_state_dict(state)
-        self.block.to(self.device)
-        return type(self.block).__name__
+            block.load_state_dict(state)
+        block.to(self.device)
+        if self.block is None:
+            self.block = block
+        else:
+            self.packed.append(block)
+        return type(block).__name__
 
     def set_downstream(self, handle: Any) -> None:
         """The next stage's actor handle (None for the last stage)."""
         self.downstream = handle
 
-    def freeze(self) -> None:
-        """Stop learning: the block only forwards from now on."""
-        self._require_block().freeze()
+    def freeze(self, index: int | None = None) -> None:
+        """Stop learning: the block (default: this stage's own) only forwards from now on."""
+        self._block(index).freeze()
 
-    def checksum(self) -> str:
-        """SHA-256 of the block's weights (to check that a frozen block stayed bit-identical)."""
-        return self._require_block().checksum()
+    def checksum(self, index: int | None = None) -> str:
+        """SHA-256 of a block's weights (to check that a frozen block stayed bit-identical)."""
+        return self._block(index).checksum()
 
-    def state_dict(self) -> dict[str, Any]:
-        """A CPU copy of the block's modules and optimizer state (the live block stays on its device)."""
-        return _cpu_copy(self._require_block().state_dict())
+    def state_dict(self, index: int | None = None) -> dict[str, Any]:
+        """A CPU copy of a block's modules and optimizer state (the live block stays on its device);
+        `index`: the block (default: this stage's own)."""
+        return _cpu_copy(self._block(index).state_dict())
 
-    def save_shard(self, ckpt_dir: str) -> str:
-        """Write this stage's block and optimizer state into checkpoint `ckpt_dir`; return its SHA-256."""
-        return self._store().write_shard(ckpt_dir, self.index, self.state_dict())
+    def save_shard(self, ckpt_dir: str, index: int | None = None) -> str:
+        """Write a block's state into checkpoint `ckpt_dir` (file stage-INDEX.pt); return its SHA-256."""
+        block = self._block(index)
+        return self._store().write_shard(ckpt_dir, block.index, _cpu_copy(block.state_dict()))
 
-    def restore(self, ckpt_dir: str, sha256: str) -> None:
-        """Load this stage's state from checkpoint `ckpt_dir` (hash-checked, weights_only)."""
-        block = self._require_block()
-        block.load_state_dict(self._store().load_shard(ckpt_dir, self.index, sha256))
+    def restore(self, ckpt_dir: str, sha256: str, index: int | None = None) -> None:
+        """Load a block's state from checkpoint `ckpt_dir` (hash-checked, weights_only)."""
+        block = self._block(index)
+        block.load_state_dict(self._store().load_shard(ckpt_dir, block.index, sha256))
         block.to(self.device)
+
+    def _blocks(self) -> list[Block]:
+        return [self._require_block(), *self.packed]
+
+    def _block(self, index: int | None) -> Block:
+        if index is None:
+            return self._require_block()
+        for block in self._blocks():
+            if block.index == index:
+                return block
+        raise StageError(f"stage {self.index} does not hold block {index}")
 
     def _store(self) -> CheckpointStore:
         return CheckpointStore(self.cfg.checkpoint.uri, self.cfg.name, self.cfg.checkpoint.keep)
@@ -226,6 +245,9 @@ class Stage:
             if self.packets_seen == self.fault_step:
                 raise RuntimeError(f"injected failure ({envvars.GROWPIPE_FAULT_AT})")
             out, metrics = block.train_step(p)
+            for extra in self.packed:  # blocks packed into this actor train on its output, in order
+                out, more = extra.train_step(out)
+                metrics.update({f"@{extra.index}.{k}": v for k, v in more.items()})
             if self.delay_s:
                 time.sleep(self.delay_s)
         except Exception as e:  # any failure of the block, reported with the stage that hit it
@@ -341,7 +363,10 @@ class Stage:
             raise StageError(f"stage {self.index}: a cache pass reached a block that still learns")
         self._sending_cache = True
         for p in packets:
-            self._queue(block.forward(p.to(self.device)))
+            out = block.forward(p.to(self.device))
+            for extra in self.packed:
+                out = extra.forward(out)
+            self._queue(out)
 
     def _queue(self, out: Packet) -> None:
         if self.downstream is None:
