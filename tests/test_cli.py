@@ -139,11 +139,10 @@ def test_evaluate_refuses_overrides_and_data_the_checkpoint_was_not_trained_on(t
     )
 
 
-def test_bp_is_refused_on_the_ray_runtime_before_anything_starts(capsys):
-    assert main(["train", "--set", "method=bp"]) == 2
-    assert (
-        "method: bp trains end to end and is not pipelined on Ray yet; use --runtime local" in capsys.readouterr().err
-    )
+def test_bp_with_growth_is_refused_on_the_ray_runtime_before_anything_starts(capsys):
+    grow = ["--set", "grow.every_epochs=1", "--set", "grow.max_blocks=3"]
+    assert main(["train", "--set", "method=bp", *grow]) == 2
+    assert "grow: growth on the Ray runtime is for the local-learning rules" in capsys.readouterr().err
 
 
 def test_cuda_asked_for_on_a_machine_without_one(capsys):

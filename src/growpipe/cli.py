@@ -151,6 +151,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.runtime == "local":
         result = train_local(cfg, progress=progress)
         summary, net = result.summary(), result.net
+    elif cfg.method == "bp":  # end-to-end BP pipelined as GPipe on the same stage actors
+        from growpipe.runtime.gpipe import check_gpipe, train_gpipe
+
+        check_gpipe(cfg)
+        if resume_from is not None:
+            raise GrowpipeError("--resume: method bp (GPipe) writes no checkpoints yet; train it again")
+        summary, net = train_gpipe(cfg, args.address, progress, keep_net=bool(args.save))
     else:
         from growpipe.runtime.pipeline import check_runtime_supports, train_ray
 

@@ -307,6 +307,9 @@ class RuntimeSpec(_Strict):
     """Longest wait for one packet downstream or one control call before the run fails."""
     timeline_epoch: int = Field(1, ge=0)
     """Epoch whose per-stage timeline is recorded as a Chrome trace (0: none)."""
+    micro_batches: int = Field(4, ge=1, le=1024)
+    """method bp on Ray (GPipe): micro-batches per mini-batch; each stage works on one while the next
+    stage works on the one before."""
     max_stage_restarts: int = Field(3, ge=0)
     """A stage actor that dies is replaced and the run rolls back to its last checkpoint, up to this many
     times per run (needs checkpoint.enabled); then the run fails."""

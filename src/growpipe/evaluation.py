@@ -55,6 +55,21 @@ def split_predictions(net: GrowableNet, bundle: DataBundle, split: str = "test")
     return collect_exits(net, iterate_batches(data, EVAL_BATCH, shuffle=False, side_groups=net.side_groups()))
 
 
+def evaluate_states(
+    cfg: RunConfig,
+    bundle: DataBundle,
+    info: Any,
+    topology: list[dict[str, Any]],
+    states: list[dict[str, Any]],
+    device: Any = "cpu",
+) -> dict[str, Any]:
+    """Rebuild a net from its topology and every block's state (as the stage actors hold them) and
+    evaluate it like evaluate_net."""
+    net = GrowableNet.from_topology(cfg, info, topology, device)
+    net.load_state_dict({"blocks": list(states)})
+    return evaluate_net(net, bundle, cfg)
+
+
 def evaluate_net(net: GrowableNet, bundle: DataBundle, cfg: RunConfig) -> dict[str, Any]:
     """Per-exit and adaptive evaluation on the test split, plus full-path `val_accuracy` when there is a
     validation split (None otherwise)."""

@@ -24,11 +24,11 @@ POLL_S = 0.5
 
 
 def check_runtime_supports(cfg: RunConfig) -> None:
-    """Refuse, before anything starts, what the Ray pipeline does not run yet."""
+    """Refuse, before anything starts, what the local-learning pipeline does not run."""
     if cfg.method == "bp":
         raise ConfigError(
-            "method: bp trains end to end and is not pipelined on Ray yet; use --runtime local "
-            "(or method al, scpl or dascpl on Ray)"
+            "method: bp trains end to end: it runs on Ray as GPipe (growpipe train, or "
+            "growpipe.runtime.gpipe.train_gpipe), not in this pipeline; or use --runtime local"
         )
 
 

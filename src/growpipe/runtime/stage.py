@@ -383,14 +383,11 @@ class Stage:
     # ---- evaluation (stage 0 holds the data) --------------------------------------------------------
     def evaluate(self, topology: list[dict[str, Any]], info: InputInfo, *states: dict[str, Any]) -> dict[str, Any]:
         """Rebuild the whole net from every stage's state and evaluate every exit on the test split."""
-        from growpipe.evaluation import evaluate_net
-        from growpipe.nn.net import GrowableNet
+        from growpipe.evaluation import evaluate_states
 
         if self.bundle is None:
             raise StageError("evaluation runs on stage 0, which holds the data")
-        net = GrowableNet.from_topology(self.cfg, info, topology, self.device)
-        net.load_state_dict({"blocks": list(states)})
-        return evaluate_net(net, self.bundle, self.cfg)
+        return evaluate_states(self.cfg, self.bundle, info, topology, list(states), self.device)
 
 
 def _cpu_copy(obj: Any) -> Any:

@@ -87,7 +87,7 @@ def prepare(spec: SweepSpec) -> tuple[dict[str, Any], list[RunConfig]]:
     if spec.kind == "train":
         bad = [c for c in cfgs if c.method == "bp"]
         if bad:
-            raise ConfigError("method: bp is not pipelined on Ray yet; sweep al, scpl or dascpl")
+            raise ConfigError("method: bp runs as GPipe, which sweeps do not drive yet; sweep al, scpl or dascpl")
     return base, cfgs
 
 

@@ -1,0 +1,144 @@
+"""A BP block in its own actor for pipelined backpropagation (GPipe): the forward of a micro-batch keeps its
+autograd graph until that micro-batch's backward, which sends the gradient of the block's input upstream.
+
+The driver submits, per mini-batch, every micro-batch's forward, then the backwards in reverse order, then
+one optimizer step; Ray runs an actor's calls in the order they were submitted and passes outputs between
+actors as ObjectRefs, so stage i works on micro-batch m+1 while stage i+1 works on m.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from growpipe.config import RunConfig
+from growpipe.data import DataBundle, load_data
+from growpipe.data.bundle import batch_order
+from growpipe.device import resolve_device, set_cpu_threads
+from growpipe.errors import StageError
+from growpipe.nn.backbones import head_features
+from growpipe.nn.methods import build_block
+from growpipe.nn.methods.bp import BPBlock
+from growpipe.nn.packet import Packet
+from growpipe.nn.specs import BlockSpec, InputInfo
+
+
+def micro_slices(n: int, micro_batches: int) -> list[np.ndarray]:
+    """Positions of a batch of n samples split into at most `micro_batches` nearly equal micro-batches."""
+    return [s for s in np.array_split(np.arange(n), min(micro_batches, n)) if len(s)]
+
+
+class BPStage:
+    """One BP block: forward(micro) keeps the graph; backward(micro, grad) returns the input's gradient;
+    step() applies the gradients accumulated over the mini-batch (one synchronous update, as GPipe)."""
+
+    def __init__(self, index: int, cfg: RunConfig):
+        self.index = index
+        self.cfg = cfg
+        self.device = resolve_device(cfg.device)
+        if self.device.type == "cpu":
+            set_cpu_threads(max(1, int(cfg.runtime.cpus_per_stage)))
+        self.block: BPBlock | None = None
+        self.last = False
+        self.bundle: DataBundle | None = None
+        self.saved: dict[int, tuple[torch.Tensor | None, Packet, float]] = {}
+        self.loss_sum = 0.0
+        self.batches = 0
+
+    def load_data(self) -> tuple[InputInfo, str]:
+        """Stage 0 reads the dataset itself."""
+        self.bundle = load_data(self.cfg.data)
+        return InputInfo.from_bundle(self.bundle), self.bundle.summary()
+
+    def train_size(self) -> int:
+        """Stage 0: training samples per epoch."""
+        if self.bundle is None:
+            raise StageError(f"stage {self.index} has no data")
+        return len(self.bundle.train)
+
+    def setup(self, spec: BlockSpec, info: InputInfo, last: bool) -> str:
+        block = build_block(self.cfg, spec, info)
+        if not isinstance(block, BPBlock):
+            raise StageError(f"stage {self.index}: pipelined BP needs method bp, got {type(block).__name__}")
+        self.block = block.to(self.device)
+        self.last = last
+        return type(block).__name__
+
+    def forward(
+        self, epoch: int, batch: int, micro: int, share: float, upstream: Packet | None = None
+    ) -> Packet | None:
+        """Micro-batch `micro` of batch `batch` (`share` of its samples): stage 0 cuts it from its data, the
+        others take `upstream`. Returns the output without its graph (None on the last stage)."""
+        block = self._require_block()
+        if upstream is None:
+            p, x_in = self._micro_batch(epoch, batch, micro), None
+        else:
+            p = upstream.to(self.device)
+            x_in = p.x.detach().requires_grad_(p.x.is_floating_point())
+            p = Packet(x=x_in, y=p.y, mask=p.mask, side=p.side, index=p.index)
+        out = block.forward_with_grad(p)
+        self.saved[micro] = (x_in, out, share)
+        return None if self.last else out.detached()
+
+    def backward(self, micro: int, grad: torch.Tensor | None) -> torch.Tensor | None:
+        """Backward of micro-batch `micro` (the last stage starts from the loss); returns d loss / d input."""
+        block = self._require_block()
+        x_in, out, share = self.saved.pop(micro)
+        if self.last:
+            logits = block.modules["cls"](head_features(out.x, out.mask))
+            loss = F.cross_entropy(logits, out.y) * share  # shares sum to 1: the mini-batch's mean loss
+            loss.backward()
+            self.loss_sum += float(loss.detach())
+        else:
+            out.x.backward(grad.to(self.device))
+        if x_in is None or x_in.grad is None:
+            return None
+        return x_in.grad.detach().cpu()
+
+    def step(self) -> float | None:
+        """One optimizer step with the accumulated gradients; the last stage returns the mini-batch's loss."""
+        block = self._require_block()
+        opt = block.optimizers["all"]
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        block.steps += 1
+        self.batches += 1
+        if self.saved:
+            raise StageError(f"stage {self.index}: {len(self.saved)} micro-batch(es) had no backward before step")
+        return self.loss_sum if self.last else None
+
+    def epoch_loss(self) -> float:
+        """Mean training loss since the last call (last stage)."""
+        mean = self.loss_sum / max(self.batches, 1)
+        self.loss_sum, self.batches = 0.0, 0
+        return mean
+
+    def state_dict(self) -> dict[str, Any]:
+        from growpipe.runtime.stage import _cpu_copy
+
+        return _cpu_copy(self._require_block().state_dict())
+
+    def evaluate(self, topology: list[dict[str, Any]], info: InputInfo, *states: dict[str, Any]) -> dict[str, Any]:
+        from growpipe.evaluation import evaluate_states
+
+        if self.bundle is None:
+            raise StageError("evaluation runs on stage 0, which holds the data")
+        return evaluate_states(self.cfg, self.bundle, info, topology, list(states), self.device)
+
+    def _micro_batch(self, epoch: int, batch: int, micro: int) -> Packet:
+        if self.bundle is None:
+            raise StageError(f"stage {self.index} has no data: stage 0 reads the dataset")
+        split = self.bundle.train
+        order = batch_order(len(split), self.cfg.data.batch_size, shuffle=True, seed=self.cfg.seed, epoch=epoch,
+                            start_batch=batch)  # fmt: skip
+        _, idx = next(order)
+        part = idx[micro_slices(len(idx), self.cfg.runtime.micro_batches)[micro]]
+        return Packet(x=split.x[part], y=split.y[part], side={}, index=batch).to(self.device)
+
+    def _require_block(self) -> BPBlock:
+        if self.block is None:
+            raise StageError(f"stage {self.index} has no block yet (setup was not called)")
+        return self.block

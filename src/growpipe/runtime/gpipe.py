@@ -1,0 +1,170 @@
+"""GPipe on the stage actors: the pipelined end-to-end backprop baseline (method bp, --runtime ray).
+
+Per mini-batch the driver submits every micro-batch's forward through the stages (stage 0 cuts the
+micro-batches from its own data), the backwards in reverse order (each stage hands the gradient of its
+input upstream), then one optimizer step per stage: one synchronous update per mini-batch, so the weights
+follow single-process BP on the same mini-batches up to float rounding.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from growpipe.config import RunConfig
+from growpipe.errors import ConfigError, PipelineError
+from growpipe.nn.net import GrowableNet, plan_blocks
+from growpipe.report import epoch_row, format_epoch, summarize
+from growpipe.runtime import NAMESPACE
+from growpipe.runtime.bp_stage import BPStage, micro_slices
+from growpipe.runtime.controller import stage_bundle, stage_env
+
+BATCHES_AHEAD = 2
+"""Mini-batches the driver submits before waiting for the oldest one's optimizer steps."""
+
+
+def check_gpipe(cfg: RunConfig) -> None:
+    """What GPipe on Ray does not run: growth (BP retrains everything) and a config that is not bp."""
+    if cfg.method != "bp":
+        raise ConfigError(f"method: GPipe pipelines end-to-end BP; got {cfg.method!r}")
+    if cfg.grow.policy() != "none":
+        raise ConfigError("grow: growth on the Ray runtime is for the local-learning rules; drop grow.* for method bp")
+
+
+class GPipeRun:
+    """One GPipe run: stage actors in a placement group, micro-batched epochs, evaluation on stage 0."""
+
+    def __init__(self, cfg: RunConfig):
+        check_gpipe(cfg)
+        self.cfg = cfg
+        self.pg: Any = None
+        self.stages: list[Any] = []
+        self.info: Any = None
+        self.topology: list[dict[str, Any]] = []
+
+    def start(self) -> tuple[int, str]:
+        cfg = self.cfg
+        k = cfg.net.blocks
+        bundle = stage_bundle(cfg, ray.cluster_resources().get("GPU", 0) > 0)
+        self.pg = placement_group([bundle] * k, strategy=cfg.runtime.placement)
+        ready, _ = ray.wait([self.pg.ready()], timeout=cfg.runtime.placement_timeout_s)
+        if not ready:
+            raise PipelineError(f"cannot place {k} stage(s) of {bundle} within runtime.placement_timeout_s")
+        actor = ray.remote(BPStage)
+        for i in range(k):
+            opts = actor.options(
+                num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), namespace=NAMESPACE,
+                runtime_env={"env_vars": stage_env()},
+                scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=self.pg,
+                                                                     placement_group_bundle_index=i),
+            )  # fmt: skip
+            self.stages.append(opts.remote(i, cfg))
+        self.info, summary = ray.get(self.stages[0].load_data.remote())
+        specs = plan_blocks(cfg, self.info)
+        self.topology = [s.to_dict() for s in specs]
+        last = [i == k - 1 for i in range(k)]
+        ray.get([st.setup.remote(sp, self.info, z) for st, sp, z in zip(self.stages, specs, last, strict=True)])
+        n = ray.get(self.stages[0].train_size.remote())
+        return n, summary
+
+    def epoch(self, epoch: int, n: int) -> tuple[float, float]:
+        """One epoch of mini-batches; returns (mean training loss, seconds)."""
+        bs, m_batches = self.cfg.data.batch_size, self.cfg.runtime.micro_batches
+        pending: deque[list[Any]] = deque()
+        t0 = time.perf_counter()
+        for b in range(math.ceil(n / bs)):
+            size = min(bs, n - b * bs)
+            shares = [len(part) / size for part in micro_slices(size, m_batches)]
+            for m, share in enumerate(shares):
+                ref = self.stages[0].forward.remote(epoch, b, m, share)
+                for st in self.stages[1:]:
+                    ref = st.forward.remote(epoch, b, m, share, ref)
+            for m in reversed(range(len(shares))):
+                grad = self.stages[-1].backward.remote(m, None)
+                for st in reversed(self.stages[:-1]):
+                    grad = st.backward.remote(m, grad)
+            pending.append([st.step.remote() for st in self.stages])
+            if len(pending) > BATCHES_AHEAD:
+                ray.get(pending.popleft())
+        while pending:
+            ray.get(pending.popleft())
+        seconds = time.perf_counter() - t0
+        return ray.get(self.stages[-1].epoch_loss.remote()), seconds
+
+    def states(self) -> list[dict[str, Any]]:
+        return ray.get([st.state_dict.remote() for st in self.stages])
+
+    def evaluate(self) -> dict[str, Any]:
+        return ray.get(self.stages[0].evaluate.remote(self.topology, self.info, *self.states()))
+
+    def final_net(self) -> GrowableNet:
+        return GrowableNet.from_states(self.cfg, self.info, self.topology, self.states())
+
+    def stop(self) -> None:
+        for st in self.stages:
+            with contextlib.suppress(Exception):
+                ray.kill(st, no_restart=True)
+        if self.pg is not None:
+            with contextlib.suppress(Exception):
+                remove_placement_group(self.pg)
+
+
+def train_gpipe(
+    cfg: RunConfig, address: str | None = None, progress: Callable[[str], None] | None = print, keep_net: bool = False
+) -> tuple[dict[str, Any], GrowableNet | None]:
+    """Train method bp with GPipe on stage actors; return the result JSON (and the trained net)."""
+    from growpipe.callbacks import notify, run_callbacks
+    from growpipe.runtime.pipeline import connect
+    from growpipe.tracking import resolve_tracking
+
+    check_gpipe(cfg)
+    cfg = resolve_tracking(cfg)
+    owns, dashboard = connect(cfg, address)
+    run = GPipeRun(cfg)
+    say = progress or (lambda _line: None)
+    callbacks = run_callbacks(cfg, cfg.name, say)  # MLflow, as for the other runtimes
+    try:
+        if progress and dashboard:
+            progress(f"ray    dashboard {dashboard}")
+        n, data = run.start()
+        k = cfg.net.blocks
+        if progress:
+            progress(f"data   {data}")
+            progress(f"net    bp (GPipe) on {cfg.net.backbone}: {k} stage actors, "
+                     f"{cfg.runtime.micro_batches} micro-batches per mini-batch")  # fmt: skip
+        notify(callbacks, "on_start", say=say)
+        history: list[dict[str, Any]] = []
+        train_seconds, ev = 0.0, None
+        for epoch in range(1, cfg.train.epochs + 1):
+            loss, seconds = run.epoch(epoch, n)
+            train_seconds += seconds
+            ev = run.evaluate()
+            row = epoch_row(epoch, cfg, k, k, {f"b{k - 1}.ce": loss}, ev, n, seconds)
+            history.append(row)
+            if progress:
+                progress(format_epoch(row))
+            notify(callbacks, "after_epoch", row, say=say)
+        assert ev is not None
+        summary = summarize(cfg, k, history, [], ev, train_seconds, n * len(history))
+        summary.update(runtime="ray-gpipe", micro_batches=cfg.runtime.micro_batches)
+        net = run.final_net() if keep_net or callbacks else None
+        notify(callbacks, "on_finish", summary, say=say)
+        if net is not None:
+            notify(callbacks, "on_final_net", net, summary, say=say)
+        return summary, (net if keep_net else None)
+    except Exception as e:
+        notify(callbacks, "on_error", str(e).splitlines()[0] if str(e) else type(e).__name__, say=say)
+        raise
+    finally:
+        notify(callbacks, "close", say=say)
+        run.stop()
+        if owns:
+            ray.shutdown()
