@@ -1,4 +1,4 @@
-"""The `growpipe` command: train, grow, sweep, evaluate, data, bench."""
+"""The `growpipe` command: train, grow, sweep, partition, evaluate, data, bench."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from growpipe.errors import GrowpipeError
 
@@ -92,6 +93,20 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--address", metavar="ADDR", help="Ray cluster (default: $RAY_ADDRESS, else an embedded local Ray)")
     sw.add_argument("--json-out", metavar="FILE", help="write the sweep summary JSON here")
     sw.add_argument("--check", action="store_true", help="validate the file and every search-space corner; no trials")
+
+    pa = sub.add_parser(
+        "partition",
+        help="cut a network's layers into K balanced stages from a profile on this device",
+        description="Time every layer's training step (and its memory) on the config's device, cut the layers "
+        "into K contiguous stages minimising the slowest one within --memory-mb per stage, and print the "
+        "predicted (and with --measure, measured on Ray) time per stage. MLP backbone.",
+    )
+    _add_config_args(pa)
+    pa.add_argument("--stages", "-k", type=int, required=True, metavar="K", help="number of stages (blocks)")
+    pa.add_argument("--memory-mb", type=float, metavar="MB", help="memory a stage may use (default: no limit)")
+    pa.add_argument("--write", metavar="YAML", help="write the partitioned run config here (net.blocks, net.layers)")
+    pa.add_argument("--measure", action="store_true", help="train 1 epoch on Ray and print the measured stage times")
+    pa.add_argument("--json-out", metavar="FILE", help="write the partition report JSON here")
 
     ev = sub.add_parser("evaluate", help="evaluate a checkpoint: every exit and adaptive inference")
     ev.add_argument("--checkpoint", required=True, metavar="DIR", help="checkpoint directory written by train --save")
@@ -248,6 +263,39 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_partition(args: argparse.Namespace) -> int:
+    from growpipe.config import dump_config, load_config
+    from growpipe.fsutil import atomic_write_json, atomic_write_text
+    from growpipe.partition import plan_partition
+
+    cfg = load_config(args.config, args.overrides)
+    report = plan_partition(cfg, args.stages, args.memory_mb)
+    part: Any = report.pop("config")
+    print(f"data   {report['data']}")
+    print("layer ms: " + ", ".join(f"{v:.2f}" for v in report["layer_ms"]))
+    print(f"{'stage':>5}  {'layers':>6}  {'predicted ms':>12}  {'memory MB':>9}  measured ms")
+    measured: list[float | None] = [None] * args.stages
+    if args.measure:
+        from growpipe.runtime.pipeline import train_ray
+
+        quick = part.model_copy(update={"train": part.train.model_copy(update={"epochs": 1})})
+        summary, _ = train_ray(quick, None, None)
+        bs = part.data.batch_size
+        for s in summary["stages"]:
+            measured[s["stage"]] = 1000 * s["busy_s"] / max(s["samples"] / bs, 1)
+        report["measured_stage_ms"] = measured
+    for i, (n, ms, mb) in enumerate(zip(report["layers"], report["predicted_stage_ms"], report["stage_memory_mb"],
+                                        strict=True)):  # fmt: skip
+        got = f"{measured[i]:.2f}" if measured[i] is not None else "-"
+        print(f"{i:>5}  {n:>6}  {ms:>12.2f}  {mb:>9.1f}  {got}")
+    print(f"net.blocks: {args.stages}, net.layers: {report['layers']}")
+    if args.write:
+        print(f"config: {atomic_write_text(args.write, dump_config(part))}  (growpipe train --config {args.write})")
+    if args.json_out:
+        print(f"partition JSON: {atomic_write_json(args.json_out, report)}")
+    return 0
+
+
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from growpipe.fsutil import atomic_write_json
     from growpipe.tune.spec import load_sweep
@@ -303,6 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "grow": _cmd_grow,
         "evaluate": _cmd_evaluate,
         "sweep": _cmd_sweep,
+        "partition": _cmd_partition,
         "data": _cmd_data,
         "bench": _cmd_bench,
     }

@@ -100,6 +100,8 @@ class NetSpec(_Strict):
     widths: list[int] | None = None
     """Per-block width (MLP units or CNN channels); overrides width; one entry per block."""
     layers_per_block: int = Field(1, ge=1, le=16)
+    layers: list[int] | None = None
+    """Layers of each block (overrides layers_per_block; one entry per block), e.g. from growpipe partition."""
     embed_dim: int = Field(128, ge=1)
     heads: int = Field(4, ge=1)
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
@@ -118,6 +120,8 @@ class NetSpec(_Strict):
                 )
             if any(w < 1 for w in self.widths):
                 raise ValueError("widths must all be >= 1")
+        if self.layers is not None and (len(self.layers) != self.blocks or min(self.layers) < 1):
+            raise ValueError(f"layers {self.layers}: give one count >= 1 per block ({self.blocks} blocks)")
         if self.backbone == "transformer":
             bad = [w for w in [self.width, *(self.widths or [])] if w % self.heads]
             if bad:
@@ -129,6 +133,10 @@ class NetSpec(_Strict):
     def block_width(self, i: int) -> int:
         """Width of block i (widths[i] when given, else width)."""
         return self.widths[i] if self.widths else self.width
+
+    def block_layers(self, i: int) -> int:
+        """Layers of block i (layers[i] when given, else layers_per_block)."""
+        return self.layers[i] if self.layers and i < len(self.layers) else self.layers_per_block
 
 
 class OptimSpec(_Strict):

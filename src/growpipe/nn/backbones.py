@@ -311,11 +311,11 @@ def plan_encoders(net: NetSpec, info: InputInfo) -> list[EncoderSpec]:
 def _block_encoder(net: NetSpec, info: InputInfo, i: int, shape, dtype) -> EncoderSpec:
     b, w, drop = net.backbone, net.block_width(i), net.dropout
     if b == "mlp" or (b == "embedding" and i > 0):
-        return EncoderSpec("mlp", shape, dtype, {"width": w, "layers": net.layers_per_block, "dropout": drop})
+        return EncoderSpec("mlp", shape, dtype, {"width": w, "layers": net.block_layers(i), "dropout": drop})
     if b == "cnn":
         channels = net.widths[i] if net.widths else min(32 * 2**i, 256)
         pool = min(shape[1], shape[2]) >= 2
-        params = {"channels": channels, "layers": net.layers_per_block, "pool": pool, "dropout": drop}
+        params = {"channels": channels, "layers": net.block_layers(i), "pool": pool, "dropout": drop}
         return EncoderSpec("conv", shape, dtype, params)
     if b == "resnet18":
         cuts = [round(k * len(RESNET18_UNITS) / net.blocks) for k in range(net.blocks + 1)]
@@ -328,8 +328,8 @@ def _block_encoder(net: NetSpec, info: InputInfo, i: int, shape, dtype) -> Encod
         params = {"vocab": info.vocab_size, "dim": dim, "positions": positions, "dropout": drop, "pooling": pooling}
         return EncoderSpec("embedding", shape, dtype, params)
     if b == "lstm":
-        return EncoderSpec("lstm", shape, dtype, {"hidden": w, "layers": net.layers_per_block, "dropout": drop})
-    params = {"d_model": w, "heads": net.heads, "layers": net.layers_per_block, "dropout": drop}
+        return EncoderSpec("lstm", shape, dtype, {"hidden": w, "layers": net.block_layers(i), "dropout": drop})
+    params = {"d_model": w, "heads": net.heads, "layers": net.block_layers(i), "dropout": drop}
     return EncoderSpec("transformer", shape, dtype, params)
 
 

@@ -1,0 +1,157 @@
+"""Balanced partitioning: profile every layer's training-step time and memory on the target device, then
+cut the layers into K contiguous stages so that the slowest stage is as fast as possible (the pipeline's
+throughput is set by it) and every stage fits the device memory. The result is `net.blocks: K` with
+`net.layers: [...]`, usable by the local-learning pipeline and by GPipe alike.
+
+Only the MLP backbone is partitioned layer by layer here: its layers all have the same shape, so a block
+may hold any number of them. (CNN blocks change resolution and channels, text backbones start with an
+embedding block; they are refused with a message.)
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from growpipe.config import RunConfig
+from growpipe.errors import ConfigError
+
+ADAM_COPIES = 4
+"""Bytes per parameter, in units of the parameter: weights, gradient and Adam's two moments."""
+
+
+@dataclass
+class LayerProfile:
+    ms: float
+    """Median training-step time of the layer on one mini-batch (its block's local rule included)."""
+    memory_mb: float
+    """Parameters, gradients and optimizer state, plus the mini-batch's activations it keeps."""
+
+
+def balanced_cuts(
+    costs: list[float], k: int, memory: list[float] | None = None, budget: float | None = None
+) -> list[int]:
+    """Layers per stage for K contiguous stages that minimise the largest stage cost, each stage's memory
+    within `budget` (exact dynamic programme, O(K L^2)). ConfigError when no such cut exists."""
+    n = len(costs)
+    if k > n:
+        raise ConfigError(f"stages: {k} is more than the {n} layers to cut; use at most {n} stages")
+    if k < 1:
+        raise ConfigError("stages: give at least 1")
+    mem = memory or [0.0] * n
+    prefix, mprefix = [0.0], [0.0]
+    for c, m in zip(costs, mem, strict=True):
+        prefix.append(prefix[-1] + c)
+        mprefix.append(mprefix[-1] + m)
+
+    def seg(i: int, j: int) -> float:  # layers i..j-1 as one stage
+        if budget is not None and mprefix[j] - mprefix[i] > budget:
+            return math.inf
+        return prefix[j] - prefix[i]
+
+    best = [[math.inf] * (n + 1) for _ in range(k + 1)]
+    cut = [[0] * (n + 1) for _ in range(k + 1)]
+    best[0][0] = 0.0
+    for s in range(1, k + 1):
+        for j in range(s, n + 1):
+            for i in range(s - 1, j):
+                v = max(best[s - 1][i], seg(i, j))
+                if v < best[s][j]:
+                    best[s][j], cut[s][j] = v, i
+    if math.isinf(best[k][n]):
+        largest = max(mem)
+        raise ConfigError(
+            f"memory: no cut into {k} stages fits {budget:g} MB per stage (the largest layer alone needs "
+            f"{largest:.1f} MB, all layers {mprefix[-1]:.1f} MB); use more stages or a device with more memory"
+        )
+    sizes, j = [], n
+    for s in range(k, 0, -1):
+        i = cut[s][j]
+        sizes.append(j - i)
+        j = i
+    return sizes[::-1]
+
+
+def layer_config(cfg: RunConfig) -> RunConfig:
+    """The same network with one layer per block (the units the partition is made of)."""
+    if cfg.net.backbone != "mlp":
+        raise ConfigError(
+            f"net.backbone: {cfg.net.backbone} is not partitioned layer by layer yet (its blocks change shape or "
+            "start with an embedding); use backbone mlp, or set net.layers by hand"
+        )
+    if cfg.net.widths is not None and len(set(cfg.net.widths)) > 1:
+        raise ConfigError("net.widths: partitioning needs one width for every layer; use net.width")
+    total = sum(cfg.net.block_layers(i) for i in range(cfg.net.blocks))
+    net = cfg.net.model_copy(update={"blocks": total, "layers_per_block": 1, "layers": None, "widths": None,
+                                     "width": cfg.net.block_width(0)})  # fmt: skip
+    return cfg.model_copy(update={"net": net})
+
+
+def profile_layers(cfg: RunConfig, steps: int = 7) -> tuple[list[LayerProfile], Any]:
+    """Time every layer's training step (its own block's rule, one mini-batch, median of `steps` after one
+    warm-up) on the config's device; returns the profiles and the loaded data description."""
+    from growpipe.data import iterate_batches, load_data
+    from growpipe.device import resolve_device, set_cpu_threads
+    from growpipe.nn.methods import build_block
+    from growpipe.nn.net import plan_blocks
+    from growpipe.nn.specs import InputInfo
+
+    device = resolve_device(cfg.device)
+    if device.type == "cpu":
+        set_cpu_threads(max(1, int(cfg.runtime.cpus_per_stage)))
+    units = layer_config(cfg)
+    bundle = load_data(units.data)
+    info = InputInfo.from_bundle(bundle)
+    p = next(iterate_batches(bundle.train, units.data.batch_size, shuffle=True, seed=units.seed)).to(device)
+    out = []
+    for spec in plan_blocks(units, info):
+        block = build_block(units, spec, info).to(device)
+        times = []
+        for _ in range(steps + 1):
+            t0 = time.perf_counter()
+            nxt = _step(block, p, units.method)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times.append((time.perf_counter() - t0) * 1000)
+        params = sum(t.numel() * t.element_size() for t in block.modules.parameters())
+        activations = nxt.x.numel() * nxt.x.element_size()
+        out.append(LayerProfile(sorted(times[1:])[steps // 2], (params * ADAM_COPIES + activations) / 2**20))
+        p = nxt
+    return out, bundle.summary()
+
+
+def _step(block: Any, p: Any, method: str) -> Any:
+    if method != "bp":
+        out, _ = block.train_step(p)
+        return out
+    out = block.forward_with_grad(p)  # BP: forward with the graph, backward from the output
+    out.x.float().square().mean().backward()
+    block.optimizers["all"].step()
+    block.optimizers["all"].zero_grad(set_to_none=True)
+    return out.detached()
+
+
+def plan_partition(cfg: RunConfig, stages: int, memory_mb: float | None = None) -> dict[str, Any]:
+    """Profile, cut into `stages`, and report: layers per stage, predicted ms per stage, the config."""
+    profiles, data = profile_layers(cfg)
+    sizes = balanced_cuts([p.ms for p in profiles], stages, [p.memory_mb for p in profiles], memory_mb)
+    predicted, mem, i = [], [], 0
+    for size in sizes:
+        predicted.append(sum(p.ms for p in profiles[i : i + size]))
+        mem.append(sum(p.memory_mb for p in profiles[i : i + size]))
+        i += size
+    net = cfg.net.model_copy(update={"blocks": stages, "layers": sizes, "layers_per_block": 1, "widths": None,
+                                     "width": cfg.net.block_width(0)})  # fmt: skip
+    return {
+        "data": data,
+        "layer_ms": [round(p.ms, 3) for p in profiles],
+        "layer_memory_mb": [round(p.memory_mb, 3) for p in profiles],
+        "layers": sizes,
+        "predicted_stage_ms": [round(v, 3) for v in predicted],
+        "stage_memory_mb": [round(v, 3) for v in mem],
+        "config": cfg.model_copy(update={"net": net}),
+    }
