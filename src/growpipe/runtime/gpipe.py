@@ -1,4 +1,7 @@
-"""GPipe on the stage actors: the pipelined end-to-end backprop baseline (method bp, --runtime ray).
+"""Pipelined end-to-end backprop on the stage actors (method bp, --runtime ray): GPipe, or asynchronous
+1F1B with weight stashing or SpecTrain (runtime.bp_schedule, see async_bp.py).
+
+GPipe:
 
 Per mini-batch the driver submits every micro-batch's forward through the stages (stage 0 cuts the
 micro-batches from its own data), the backwards in reverse order (each stage hands the gradient of its
@@ -24,11 +27,18 @@ from growpipe.errors import ConfigError, PipelineError
 from growpipe.nn.net import GrowableNet, plan_blocks
 from growpipe.report import epoch_row, format_epoch, summarize
 from growpipe.runtime import NAMESPACE
+from growpipe.runtime.async_bp import AsyncBPStage, check_1f1b, run_1f1b_epoch
 from growpipe.runtime.bp_stage import BPStage, micro_slices
 from growpipe.runtime.controller import stage_bundle, stage_env
 
 BATCHES_AHEAD = 2
 """Mini-batches the driver submits before waiting for the oldest one's optimizer steps."""
+
+
+def schedule_name(cfg: RunConfig) -> str:
+    if cfg.runtime.bp_schedule == "gpipe":
+        return "GPipe"
+    return "1F1B + SpecTrain" if cfg.runtime.spectrain else "1F1B + weight stashing"
 
 
 def check_gpipe(cfg: RunConfig) -> None:
@@ -58,7 +68,8 @@ class GPipeRun:
         ready, _ = ray.wait([self.pg.ready()], timeout=cfg.runtime.placement_timeout_s)
         if not ready:
             raise PipelineError(f"cannot place {k} stage(s) of {bundle} within runtime.placement_timeout_s")
-        actor = ray.remote(BPStage)
+        one_f_one_b = cfg.runtime.bp_schedule == "1f1b"
+        actor = ray.remote(AsyncBPStage if one_f_one_b else BPStage)
         for i in range(k):
             opts = actor.options(
                 num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), namespace=NAMESPACE,
@@ -68,15 +79,25 @@ class GPipeRun:
             )  # fmt: skip
             self.stages.append(opts.remote(i, cfg))
         self.info, summary = ray.get(self.stages[0].load_data.remote())
+        n = ray.get(self.stages[0].train_size.remote())
+        if one_f_one_b:
+            check_1f1b(cfg, math.ceil(n / cfg.data.batch_size))
         specs = plan_blocks(cfg, self.info)
         self.topology = [s.to_dict() for s in specs]
-        last = [i == k - 1 for i in range(k)]
-        ray.get([st.setup.remote(sp, self.info, z) for st, sp, z in zip(self.stages, specs, last, strict=True)])
-        n = ray.get(self.stages[0].train_size.remote())
+        extra = (k, cfg.runtime.spectrain) if one_f_one_b else ()
+        ray.get(
+            [
+                st.setup.remote(sp, self.info, i == k - 1, *extra)
+                for i, (st, sp) in enumerate(zip(self.stages, specs, strict=True))
+            ]
+        )
         return n, summary
 
     def epoch(self, epoch: int, n: int) -> tuple[float, float]:
         """One epoch of mini-batches; returns (mean training loss, seconds)."""
+        if self.cfg.runtime.bp_schedule == "1f1b":
+            seconds = run_1f1b_epoch(self.stages, epoch, n, self.cfg.data.batch_size)
+            return ray.get(self.stages[-1].epoch_loss.remote()), seconds
         bs, m_batches = self.cfg.data.batch_size, self.cfg.runtime.micro_batches
         pending: deque[list[Any]] = deque()
         t0 = time.perf_counter()
@@ -98,6 +119,12 @@ class GPipeRun:
             ray.get(pending.popleft())
         seconds = time.perf_counter() - t0
         return ray.get(self.stages[-1].epoch_loss.remote()), seconds
+
+    def staleness(self) -> list[float] | None:
+        """1F1B: per stage, the mean distance between the weights used and the weights updated."""
+        if self.cfg.runtime.bp_schedule != "1f1b":
+            return None
+        return ray.get([st.staleness.remote() for st in self.stages])
 
     def states(self) -> list[dict[str, Any]]:
         return ray.get([st.state_dict.remote() for st in self.stages])
@@ -138,8 +165,9 @@ def train_gpipe(
         k = cfg.net.blocks
         if progress:
             progress(f"data   {data}")
-            progress(f"net    bp (GPipe) on {cfg.net.backbone}: {k} stage actors, "
-                     f"{cfg.runtime.micro_batches} micro-batches per mini-batch")  # fmt: skip
+            progress(f"net    bp ({schedule_name(cfg)}) on {cfg.net.backbone}: {k} stage actors, "
+                     + (f"{cfg.runtime.micro_batches} micro-batches per mini-batch" if cfg.runtime.bp_schedule ==
+                        "gpipe" else "an update per mini-batch, no flush"))  # fmt: skip
         notify(callbacks, "on_start", say=say)
         history: list[dict[str, Any]] = []
         train_seconds, ev = 0.0, None
@@ -154,7 +182,8 @@ def train_gpipe(
             notify(callbacks, "after_epoch", row, say=say)
         assert ev is not None
         summary = summarize(cfg, k, history, [], ev, train_seconds, n * len(history))
-        summary.update(runtime="ray-gpipe", micro_batches=cfg.runtime.micro_batches)
+        summary.update(runtime=f"ray-{cfg.runtime.bp_schedule}", schedule=schedule_name(cfg),
+                       micro_batches=cfg.runtime.micro_batches, staleness=run.staleness())  # fmt: skip
         net = run.final_net() if keep_net or callbacks else None
         notify(callbacks, "on_finish", summary, say=say)
         if net is not None:

@@ -1,0 +1,195 @@
+"""Asynchronous 1F1B pipelined backprop (PipeDream style) on the stage actors, with weight stashing or
+SpecTrain weight prediction (method bp, runtime.bp_schedule: 1f1b).
+
+Every mini-batch is a micro-batch with its own optimizer step, and there is no flush inside an epoch:
+stage i runs K-i-1 forwards ahead, then alternates one forward and one backward. Between the forward and
+the backward of a micro-batch, stage i applies K-i-1 other updates, so its weights move on:
+
+- weight stashing: the forward runs on a copy of the weights of that moment and the backward on the same
+  copy (the gradient is still applied to the live weights);
+- SpecTrain (`runtime.spectrain: true`): the forward and backward run on a prediction of the weights the
+  live ones will have when the gradient is applied, W - s * (the optimizer's next step), s = K-i-1 steps
+  ahead, the step taken from the optimizer's smoothed gradient (Adam's moments, or SGD's momentum).
+
+Each stage reports the staleness: the distance between the weights a micro-batch used and the live
+weights its gradient is applied to.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+
+from growpipe.config import RunConfig
+from growpipe.errors import ConfigError, StageError
+from growpipe.nn.backbones import head_features
+from growpipe.nn.packet import Packet
+from growpipe.runtime.bp_stage import BPStage
+
+
+class _Encode(nn.Module):
+    """The block's encoder (and, on the last stage, its classifier) as one module for functional_call."""
+
+    def __init__(self, modules: nn.ModuleDict, last: bool):
+        super().__init__()
+        self.m = modules
+        self.last = last
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, side: dict) -> tuple[Any, Any, Any]:
+        s, mask = self.m["f"](x, mask, side)
+        return s, mask, (self.m["cls"](head_features(s, mask)) if self.last else None)
+
+
+def next_step(opt: torch.optim.Optimizer, p: torch.Tensor) -> torch.Tensor:
+    """The optimizer's next update of parameter p if its gradient matched the smoothed one (SpecTrain's
+    prediction direction): Adam's lr * m_hat / (sqrt(v_hat) + eps), SGD's lr * momentum buffer; 0 before
+    the first step."""
+    state, group = opt.state.get(p, {}), opt.param_groups[0]
+    if "exp_avg" in state:
+        step = float(state["step"])
+        b1, b2 = group["betas"]
+        m_hat = state["exp_avg"] / (1 - b1**step)
+        v_hat = state["exp_avg_sq"] / (1 - b2**step)
+        return group["lr"] * m_hat / (v_hat.sqrt() + group["eps"])
+    if state.get("momentum_buffer") is not None:
+        return group["lr"] * state["momentum_buffer"]
+    return torch.zeros_like(p)
+
+
+class AsyncBPStage(BPStage):
+    """A BP block for 1F1B: each micro-batch's forward keeps its own weights (stashed or predicted) until
+    its backward, whose gradient then updates the live weights at once."""
+
+    def setup(self, spec: Any, info: Any, last: bool, stages: int, spectrain: bool) -> str:
+        name = super().setup(spec, info, last)
+        self.ahead = stages - self.index - 1  # updates between a micro-batch's forward and its backward
+        self.spectrain = spectrain
+        self.wrapped = _Encode(self._require_block().modules, last)
+        self.stale_sum, self.stale_n = 0.0, 0
+        return name
+
+    def forward(self, epoch: int, batch: int, upstream: Packet | None = None) -> Packet | None:  # type: ignore[override]
+        block = self._require_block()
+        block.modules.train()
+        opt = block.optimizers["all"]
+        weights = {}
+        for n, p in block.modules.named_parameters():
+            w = p.detach() - self.ahead * next_step(opt, p) if self.spectrain and self.ahead else p.detach().clone()
+            weights[n] = w.requires_grad_(True)
+        if upstream is None:
+            p = self._batch(epoch, batch)
+            x_in = None
+        else:
+            p = upstream.to(self.device)
+            x_in = p.x.detach().requires_grad_(p.x.is_floating_point())
+        x = p.x if x_in is None else x_in
+        s, mask, logits = functional_call(self.wrapped, {f"m.{n}": w for n, w in weights.items()}, (x, p.mask, p.side))
+        result = F.cross_entropy(logits, p.y) if self.last else s
+        self.saved[batch] = (x_in, result, weights)
+        return None if self.last else Packet(x=s.detach(), y=p.y, mask=mask, side=p.side, index=batch)
+
+    def backward(self, batch: int, grad: torch.Tensor | None) -> torch.Tensor | None:  # type: ignore[override]
+        block = self._require_block()
+        x_in, result, weights = self.saved.pop(batch)
+        if self.last:
+            result.backward()
+            self.loss_sum += float(result.detach())
+        else:
+            result.backward(grad.to(self.device))
+        live = dict(block.modules.named_parameters())
+        dist = sum(float((weights[n].detach() - p.detach()).square().sum()) for n, p in live.items())
+        self.stale_sum += math.sqrt(dist)
+        self.stale_n += 1
+        for n, p in live.items():
+            p.grad = weights[n].grad
+        opt = block.optimizers["all"]
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        block.steps += 1
+        self.batches += 1
+        return None if x_in is None or x_in.grad is None else x_in.grad.detach().cpu()
+
+    def staleness(self) -> float:
+        """Mean distance between the weights micro-batches used and the live weights they updated."""
+        return self.stale_sum / max(self.stale_n, 1)
+
+    def _batch(self, epoch: int, batch: int) -> Packet:
+        from growpipe.data.bundle import batch_order
+
+        if self.bundle is None:
+            raise StageError(f"stage {self.index} has no data: stage 0 reads the dataset")
+        split = self.bundle.train
+        _, idx = next(batch_order(len(split), self.cfg.data.batch_size, shuffle=True, seed=self.cfg.seed,
+                                  epoch=epoch, start_batch=batch))  # fmt: skip
+        return Packet(x=split.x[idx], y=split.y[idx], side={}, index=batch).to(self.device)
+
+
+def one_f_one_b_order(stages: int, batches: int) -> list[list[tuple[str, int]]]:
+    """Per stage, its operations in 1F1B order: K-i-1 forwards ahead, then forward/backward pairs, then the
+    remaining backwards."""
+    orders = []
+    for i in range(stages):
+        ahead = min(stages - i - 1, batches)
+        ops = [("F", m) for m in range(ahead)]
+        for m in range(batches - ahead):
+            ops += [("F", m + ahead), ("B", m)]
+        ops += [("B", m) for m in range(batches - ahead, batches)]
+        orders.append(ops)
+    return orders
+
+
+def submit_epoch(stages: list[Any], epoch: int, batches: int) -> list[Any]:
+    """Submit one epoch of 1F1B to the stage actors (each actor runs its calls in submission order); a
+    call is submitted once the call it depends on has been; returns the last stage's backward refs."""
+    k = len(stages)
+    orders = one_f_one_b_order(k, batches)
+    fwd: dict[tuple[int, int], Any] = {}
+    bwd: dict[tuple[int, int], Any] = {}
+    pos = [0] * k
+    while any(pos[i] < len(orders[i]) for i in range(k)):
+        progressed = False
+        for i in range(k):
+            while pos[i] < len(orders[i]):
+                op, m = orders[i][pos[i]]
+                if op == "F":
+                    if i > 0 and (i - 1, m) not in fwd:
+                        break
+                    args = (epoch, m) if i == 0 else (epoch, m, fwd[(i - 1, m)])
+                    fwd[(i, m)] = stages[i].forward.remote(*args)
+                else:
+                    if i < k - 1 and (i + 1, m) not in bwd:
+                        break
+                    bwd[(i, m)] = stages[i].backward.remote(m, None if i == k - 1 else bwd[(i + 1, m)])
+                pos[i] += 1
+                progressed = True
+        if not progressed:
+            raise StageError("1F1B schedule deadlocked (a bug in the order)")
+    return [bwd[(0, m)] for m in range(batches)]
+
+
+def check_1f1b(cfg: RunConfig, batches: int) -> None:
+    """1F1B keeps K-1 micro-batches in flight: an epoch must have at least as many batches as stages."""
+    if batches < cfg.net.blocks:
+        raise ConfigError(
+            f"data.batch_size: an epoch has {batches} batch(es) for {cfg.net.blocks} stages; 1F1B needs at least "
+            "one micro-batch per stage in flight: lower data.batch_size or use fewer blocks"
+        )
+
+
+def run_1f1b_epoch(stages: list[Any], epoch: int, n: int, batch_size: int) -> float:
+    """One epoch; returns seconds."""
+    import ray
+
+    t0 = time.perf_counter()
+    ray.get(submit_epoch(stages, epoch, math.ceil(n / batch_size)))
+    return time.perf_counter() - t0
+
+
+Runner = Callable[[list[Any], int, int, int], float]

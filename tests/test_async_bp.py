@@ -1,0 +1,51 @@
+"""Asynchronous 1F1B on the stage actors: the schedule, convergence against BP, and SpecTrain's prediction
+lowering the weight staleness that weight stashing leaves."""
+
+from __future__ import annotations
+
+import pytest
+
+from growpipe.errors import ConfigError
+from growpipe.local import train_local
+from growpipe.runtime.async_bp import one_f_one_b_order
+from growpipe.runtime.gpipe import train_gpipe
+from tests.conftest import tiny_config
+
+
+def test_1f1b_order_runs_k_minus_i_minus_1_ahead_and_alternates():
+    k, n = 4, 10
+    orders = one_f_one_b_order(k, n)
+    for i, ops in enumerate(orders):
+        assert sorted(ops) == sorted([("F", m) for m in range(n)] + [("B", m) for m in range(n)])
+        for m in range(n):  # updates applied between a micro-batch's forward and its backward
+            f, b = ops.index(("F", m)), ops.index(("B", m))
+            assert sum(1 for op, _ in ops[f:b] if op == "B") == min(k - i - 1, m)  # the staleness
+        steady = ops[k - i - 1 : k - i - 1 + 6]
+        assert [op for op, _ in steady] == ["F", "B"] * 3  # one forward, one backward
+
+
+def _cfg(**runtime):
+    return tiny_config(
+        name=f"1f1b-{runtime.get('spectrain', False)}", method="bp", threads=1,
+        net={"blocks": 3, "width": 64}, train={"epochs": 6}, runtime={"bp_schedule": "1f1b", **runtime},
+    )  # fmt: skip
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_1f1b_converges_like_bp_and_spectrain_lowers_staleness():
+    bp = train_local(_cfg(), progress=None).summary()["test_accuracy"]
+    stash, _ = train_gpipe(_cfg(spectrain=False), progress=None)
+    spec, _ = train_gpipe(_cfg(spectrain=True), progress=None)
+    assert stash["schedule"] == "1F1B + weight stashing" and spec["schedule"] == "1F1B + SpecTrain"
+    assert abs(stash["test_accuracy"] - bp) <= 0.01 and abs(spec["test_accuracy"] - bp) <= 0.01
+    assert stash["staleness"][-1] == spec["staleness"][-1] == 0.0  # the last stage is never stale
+    for i in (0, 1):
+        assert spec["staleness"][i] < 0.6 * stash["staleness"][i], (spec["staleness"], stash["staleness"])
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_1f1b_needs_a_micro_batch_per_stage():
+    cfg = tiny_config(method="bp", net={"blocks": 3}, data={"limit_train": 100, "batch_size": 64},
+                      runtime={"bp_schedule": "1f1b"})  # fmt: skip
+    with pytest.raises(ConfigError, match="an epoch has 2 batch\\(es\\) for 3 stages"):
+        train_gpipe(cfg, progress=None)
