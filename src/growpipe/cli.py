@@ -172,7 +172,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
         check_gpipe(cfg)
         if resume_from is not None:
             raise GrowpipeError("--resume: method bp (GPipe) writes no checkpoints yet; train it again")
-        summary, net = train_gpipe(cfg, args.address, progress, keep_net=bool(args.save))
+        if cfg.runtime.bp_schedule == "ddp":
+            from growpipe.runtime.ddp import train_ddp
+
+            summary, net = train_ddp(cfg, args.address, progress, keep_net=bool(args.save))
+        else:
+            summary, net = train_gpipe(cfg, args.address, progress, keep_net=bool(args.save))
     else:
         from growpipe.runtime.pipeline import check_runtime_supports, train_ray
 

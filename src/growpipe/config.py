@@ -318,9 +318,12 @@ class RuntimeSpec(_Strict):
     micro_batches: int = Field(4, ge=1, le=1024)
     """method bp on Ray (GPipe): micro-batches per mini-batch; each stage works on one while the next
     stage works on the one before."""
-    bp_schedule: Literal["gpipe", "1f1b"] = "gpipe"
-    """method bp on Ray: gpipe (synchronous, one update per mini-batch) or 1f1b (asynchronous, no flush,
-    an update per mini-batch on each stage as soon as its backward is done)."""
+    bp_schedule: Literal["gpipe", "1f1b", "ddp"] = "gpipe"
+    """method bp on Ray: gpipe (synchronous, one update per mini-batch), 1f1b (asynchronous, no flush, an
+    update per mini-batch on each stage as soon as its backward is done) or ddp (no pipeline: data-parallel
+    replicas through Ray Train)."""
+    ddp_workers: int | None = Field(None, ge=1)
+    """bp_schedule ddp: Ray Train workers (default: net.blocks, the resources a pipeline would use)."""
     spectrain: bool = False
     """bp_schedule 1f1b: SpecTrain weight prediction instead of weight stashing."""
     max_stage_restarts: int = Field(3, ge=0)

@@ -42,7 +42,7 @@ def schedule_name(cfg: RunConfig) -> str:
 
 
 def check_gpipe(cfg: RunConfig) -> None:
-    """What GPipe on Ray does not run: growth (BP retrains everything) and a config that is not bp."""
+    """What BP on Ray does not run: growth (BP retrains everything) and a config that is not bp."""
     if cfg.method != "bp":
         raise ConfigError(f"method: GPipe pipelines end-to-end BP; got {cfg.method!r}")
     if cfg.grow.policy() != "none":
@@ -153,6 +153,10 @@ def train_gpipe(
     from growpipe.tracking import resolve_tracking
 
     check_gpipe(cfg)
+    if cfg.runtime.bp_schedule == "ddp":
+        raise ConfigError(
+            "runtime.bp_schedule: ddp is data-parallel, not a pipeline; use growpipe.runtime.ddp.train_ddp"
+        )
     cfg = resolve_tracking(cfg)
     owns, dashboard = connect(cfg, address)
     run = GPipeRun(cfg)
