@@ -13,7 +13,7 @@ from tests.test_runtime import _assert_same_weights
 
 
 @pytest.mark.usefixtures("ray_session")
-@pytest.mark.parametrize("micro", [1, 4])
+@pytest.mark.parametrize("micro", [3])  # 64 samples into micro-batches of 22, 21 and 21: unequal shares
 def test_gpipe_matches_single_process_bp(micro):
     cfg = tiny_config(
         name=f"gpipe-{micro}", method="bp", threads=1, net={"blocks": 3, "width": 32}, train={"epochs": 2},
