@@ -52,7 +52,7 @@ def test_pipeline_benchmark_quick_writes_every_key(tmp_path: Path):
 
 def test_growth_benchmark_quick_writes_every_key_and_a_plot(tmp_path: Path):
     out = tmp_path / "growth.json"
-    cmd = ["bench", "growth", "--quick", "--limit-train", "600", "--json-out", str(out)]
+    cmd = ["bench", "growth", "--quick", "--limit-train", "400", "--limit-test", "300", "--json-out", str(out)]
     proc = subprocess.run(
         [sys.executable, "-m", "growpipe.cli", *cmd], capture_output=True, text=True, timeout=900, cwd=REPO
     )

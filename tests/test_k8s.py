@@ -5,6 +5,7 @@ the RayJob's entrypoint is a valid `growpipe train` command line."""
 from __future__ import annotations
 
 import copy
+import functools
 import shlex
 import shutil
 from pathlib import Path
@@ -45,6 +46,7 @@ def _strict(schema: Any) -> Any:
     return out
 
 
+@functools.cache  # the CRD schemas are large: load and convert each once
 def _crd_validator(kind: str) -> jsonschema.Validator:
     crd = yaml.safe_load((CRDS / f"ray.io_{kind.lower()}s.yaml").read_text())
     version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
