@@ -175,3 +175,14 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any], prefix: s
         elif a != b and not dotted.startswith(RESUMABLE_DIFFERENCES):
             out.append(f"{dotted}: checkpoint has {a!r}, this run has {b!r}")
     return out
+
+
+def check_input_matches(saved: dict[str, Any], found: dict[str, Any]) -> None:
+    """Refuse data whose shape, classes or vocabulary (InputInfo.to_dict) differ from what a checkpoint's
+    net was trained on (`saved`, its manifest's input)."""
+    for key, want in saved.items():
+        if found.get(key) != want:
+            raise CheckpointError(
+                f"data: the loaded data's {key} is {found.get(key)} but the checkpoint was trained on {want}; "
+                "point data.root at the data it was trained on"
+            )

@@ -7,7 +7,7 @@ from typing import Any
 
 from growpipe.config import RunConfig, apply_overrides, build_config
 from growpipe.data import DataBundle, iterate_batches, load_data
-from growpipe.errors import CheckpointError, GrowpipeError
+from growpipe.errors import GrowpipeError
 from growpipe.nn.inference import ExitPredictions, collect_exits, evaluate_exits
 from growpipe.nn.net import GrowableNet
 
@@ -22,6 +22,7 @@ def load_for_evaluation(checkpoint: str | Path, overrides: list[str] | None = No
     """A checkpoint's net (its config with `overrides` applied: eval.* and where the data is) and its data,
     refused when the data's shape, classes or vocabulary differ from what the net was trained on."""
     from growpipe.checkpoint import load_checkpoint
+    from growpipe.checkpoint_store import check_input_matches
     from growpipe.nn.specs import InputInfo
 
     overrides = overrides or []
@@ -34,13 +35,7 @@ def load_for_evaluation(checkpoint: str | Path, overrides: list[str] | None = No
     net, manifest = load_checkpoint(checkpoint)
     net.cfg = build_config(apply_overrides(manifest["config"], overrides), "checkpoint config + --set")
     bundle = load_data(net.cfg.data)
-    found = InputInfo.from_bundle(bundle).to_dict()
-    for key, want in manifest["input"].items():
-        if found.get(key) != want:
-            raise CheckpointError(
-                f"data: the loaded data's {key} is {found.get(key)} but the checkpoint was trained on {want}; "
-                "point data.root at the data it was trained on"
-            )
+    check_input_matches(manifest["input"], InputInfo.from_bundle(bundle).to_dict())
     return net, bundle
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -190,6 +189,3 @@ def run_1f1b_epoch(stages: list[Any], epoch: int, n: int, batch_size: int) -> fl
     t0 = time.perf_counter()
     ray.get(submit_epoch(stages, epoch, math.ceil(n / batch_size)))
     return time.perf_counter() - t0
-
-
-Runner = Callable[[list[Any], int, int, int], float]

@@ -27,10 +27,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from growpipe import envvars
 from growpipe.callbacks import RunCallback, notify, run_callbacks
-from growpipe.checkpoint_store import CheckpointRef, CheckpointStore
+from growpipe.checkpoint_store import CheckpointRef, CheckpointStore, check_input_matches
 from growpipe.config import GrowStep, RunConfig, parse_grow_request
 from growpipe.errors import (
-    CheckpointError,
     ConfigError,
     GrowpipeError,
     PipelineError,
@@ -179,7 +178,7 @@ class Controller:
         self.info, summary = self._get(first.handle.load_data.remote(), "stage 0 loading the data")
         self._say(f"data   {summary}")
         if manifest:
-            check_checkpoint_input(manifest, self.info)
+            check_input_matches(manifest["input"], self.info.to_dict())
             specs = [BlockSpec.from_dict(t) for t in manifest["topology"]]
         else:
             specs = plan_blocks(cfg, self.info)
@@ -815,17 +814,6 @@ def _wait_name_free(name: str, timeout_s: float = 30.0) -> None:
         except ValueError:
             return
         time.sleep(0.1)
-
-
-def check_checkpoint_input(manifest: dict[str, Any], info: InputInfo) -> None:
-    """Refuse to resume on data whose shape, classes or vocabulary differ from the checkpoint's."""
-    found = info.to_dict()
-    for key, want in manifest["input"].items():
-        if found.get(key) != want:
-            raise CheckpointError(
-                f"checkpoint: the data's {key} is {found.get(key)} but the checkpoint was trained on {want}; "
-                "point data.root at the data it was trained on"
-            )
 
 
 def _describe(e: BaseException) -> str:
