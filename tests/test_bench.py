@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO
 
 
@@ -65,3 +67,55 @@ def test_growth_benchmark_quick_writes_every_key_and_a_plot(tmp_path: Path):
     assert r["cache_epoch_ratio"] > 0 and r["nocache_epoch_ratio"] > 0
     assert {"threshold", "accuracy", "mean_depth", "macs_saved_fraction"} <= set(r["adaptive"][0])
     assert Path(r["cases"][0]["plot"]).read_bytes()[:4] == b"\x89PNG"
+
+
+def _bench_module(name: str):
+    """bench/NAME.py imported as a module (bench/ on sys.path: its scripts import each other)."""
+    import importlib
+
+    sys.path.insert(0, str(REPO / "bench"))
+    return importlib.import_module(name)
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_compare_benchmark_quick_every_runner_ratios_plot_and_results_section(tmp_path: Path):
+    compare = _bench_module("compare")
+    results = tmp_path / "RESULTS.md"
+    results.write_text(f"# figures\n\nbefore\n\n{compare.BEGIN}\nold table\n{compare.END}\n\nafter\n")
+    out = tmp_path / "compare.json"
+    argv = ["--quick", "--suites", "fashion-mnist", "--ks", "2", "--methods", "bp,gpipe,dascpl,torch-gpipe",
+            "--json-out", str(out), "--results-md", str(results)]  # fmt: skip
+    assert compare.main(argv) == 0
+    r = json.loads(out.read_text())
+    rows = {row["method"]: row for row in r["rows"]}
+    assert list(rows) == ["bp", "gpipe", "dascpl", "torch-gpipe"]
+    for row in rows.values():
+        assert 0 <= row["test_accuracy"] <= 1 and row["samples_per_second"] > 0 and len(row["curve"]) == 2
+    assert rows["bp"]["rate_vs_bp"] == 1 and rows["torch-gpipe"]["rate_vs_torch-gpipe"] == 1
+    assert rows["gpipe"]["rate_vs_bp"] == rows["gpipe"]["samples_per_second"] / rows["bp"]["samples_per_second"]
+    # the same GPipe maths (4 micro-batches, same init and batches) on growpipe's actors and in torch's
+    # schedule: the accuracy curves agree up to float summation order
+    for (_, a), (_, b) in zip(rows["gpipe"]["curve"], rows["torch-gpipe"]["curve"], strict=True):
+        assert abs(a - b) <= 0.02
+    assert rows["bp"]["time_to_target"] is not None  # BP reaches a fraction of its own best
+    assert r["targets"]["fashion-mnist/k2"] == round(0.95 * rows["bp"]["best_accuracy"], 4)
+    assert Path(r["plots"][0]).read_bytes()[:4] == b"\x89PNG"
+    text = results.read_text()
+    assert "old table" not in text and text.startswith("# figures\n\nbefore") and text.rstrip().endswith("after")
+    assert "| 2 | torch.distributed.pipelining GPipe |" in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--methods", "bp,sgd"], "--methods: sgd not known"),
+        (["--suites", "cifar"], "--suites: cifar not known"),
+        (["--ks", "2,x"], "--ks: x not known"),
+        (["--ks", "5", "--suites", "fashion-mnist"], "--ks: fashion-mnist has 4 blocks at most"),
+        (["--target-fraction", "1.5"], "--target-fraction: must be in (0, 1]"),
+    ],
+)
+def test_compare_benchmark_refuses_bad_input_before_training(argv: list[str], message: str):
+    with pytest.raises(SystemExit) as e:
+        _bench_module("compare").main(argv)
+    assert str(e.value).startswith(message)

@@ -126,7 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a benchmark from bench/ (prints ratios, writes JSON)",
         description="Run bench/NAME.py of this source checkout; the other arguments go to it (see NAME --help).",
     )
-    be.add_argument("name", choices=sorted(BENCHES), help="pipeline: Ray pipeline vs sequential, BP, torch GPipe; "
+    be.add_argument("name", choices=sorted(BENCHES), help="compare: every BP schedule and local rule x dataset "
+                    "x K (accuracy, samples/s, time to target, ratios); "
+                    "pipeline: Ray pipeline vs sequential, BP, torch GPipe; "
                     "reference: accuracy and seconds/epoch per learning rule; growth: accuracy across growth, "
                     "the frozen-prefix cache, adaptive exits")  # fmt: skip
     be.add_argument("args", nargs=argparse.REMAINDER, help="e.g. --quick --json-out FILE")
@@ -317,7 +319,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-BENCHES = {"growth": "growth.py", "pipeline": "pipeline.py", "reference": "reference.py"}
+BENCHES = {"compare": "compare.py", "growth": "growth.py", "pipeline": "pipeline.py", "reference": "reference.py"}
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:

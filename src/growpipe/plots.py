@@ -34,6 +34,21 @@ def plot_accuracy_vs_compute(ev: dict[str, Any], path: str | Path, title: str = 
     return _save(fig, path)
 
 
+def plot_accuracy_vs_time(
+    curves: dict[str, list[tuple[float, float]]], path: str | Path, title: str = "", target: float | None = None
+) -> Path:
+    """Test accuracy after each epoch against cumulative training seconds, one line per method (and the
+    target accuracy as a dashed line). Written atomically; returns the path."""
+    fig, ax = _figure(title or "accuracy vs wall time", "training time (s, evaluation excluded)", "test accuracy")
+    for label, points in curves.items():
+        if points:
+            ax.plot([t for t, _ in points], [a for _, a in points], "o-", markersize=3, label=label)
+    if target is not None:
+        ax.axhline(target, color="tab:gray", linestyle="--", linewidth=1, label=f"target {target:.3f}")
+    ax.legend(loc="lower right", fontsize=7)
+    return _save(fig, path)
+
+
 def _figure(title: str, xlabel: str, ylabel: str) -> tuple[Any, Any]:
     import matplotlib
 

@@ -1,0 +1,326 @@
+"""Method comparison: BP (single process, Ray Train data-parallel, GPipe and async 1F1B + SpecTrain on the
+stage actors), the local rules (AL, SCPL, DASCPL on the Ray pipeline) and PyTorch's own GPipe
+(torch.distributed.pipelining), on the same blocks, data and batches, for each dataset and stage count K.
+
+Per run: test accuracy, samples/s (median of the epochs after the first), training time to the target
+accuracy (a fraction of single-process BP's best), and their ratios against single-process BP and
+against torch's GPipe, measured in one run of this script. Prints Markdown tables, writes JSON, one PNG
+of accuracy vs wall time per dataset and K, and (with --results-md) the tables into bench/RESULTS.md.
+
+    .venv/bin/growpipe bench compare --quick --json-out bench/out/compare-quick.json
+    .venv/bin/growpipe bench compare --json-out bench/out/compare.json --results-md bench/RESULTS.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from growpipe.config import RunConfig, load_config
+from growpipe.fsutil import atomic_write_json, atomic_write_text
+
+REPO = Path(__file__).resolve().parents[1]
+BEGIN, END = "<!-- bench compare: begin -->", "<!-- bench compare: end -->"
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A dataset and model: the configs/ prefix and the settings every method shares on it."""
+
+    overrides: tuple[str, ...]
+    quick: tuple[str, ...]
+    widths: tuple[int, ...] = ()
+    """per-block widths of a CNN (the first K are used); empty: net.width for every block."""
+
+
+SUITES = {
+    "fashion-mnist": Suite(
+        overrides=("data.limit_train=12000", "data.limit_test=2000", "train.epochs=4"),
+        quick=("data.limit_train=640", "data.limit_test=256", "train.epochs=2"),
+        widths=(32, 64, 128, 256),
+    ),
+    "20newsgroups": Suite(  # embedding, then K-1 transformer layers (mean-pooled): the sequence model
+        overrides=(
+            "net.backbone=transformer",
+            "net.pooling=mean",
+            "net.width=64",
+            "net.heads=4",
+            "net.embed_dim=64",
+            "data.max_len=96",
+            "data.vocab_size=30000",
+            "net.dropout=0.1",
+            "data.limit_train=6000",
+            "data.limit_test=2000",
+            "train.epochs=4",
+        ),  # fmt: skip
+        quick=(
+            "net.backbone=transformer",
+            "net.pooling=mean",
+            "net.width=32",
+            "net.heads=2",
+            "net.embed_dim=32",
+            "data.max_len=32",
+            "data.vocab_size=5000",
+            "net.dropout=0.1",
+            "data.limit_train=640",
+            "data.limit_test=256",
+            "train.epochs=2",
+        ),  # fmt: skip
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Method:
+    label: str
+    rule: str
+    """configs/SUITE-RULE.yaml the run starts from."""
+    overrides: tuple[str, ...] = ()
+
+
+METHODS = {
+    "bp": Method("BP, single process", "bp"),
+    "ddp": Method("BP, data-parallel (Ray Train DDP)", "bp", ("runtime.bp_schedule=ddp",)),
+    "gpipe": Method("BP, GPipe (stage actors)", "bp", ("runtime.bp_schedule=gpipe",)),
+    "1f1b": Method("BP, async 1F1B + SpecTrain", "bp", ("runtime.bp_schedule=1f1b", "runtime.spectrain=true")),
+    "al": Method("AL (Ray pipeline)", "al"),
+    "scpl": Method("SCPL (Ray pipeline)", "scpl"),
+    "dascpl": Method("DASCPL (Ray pipeline)", "dascpl"),
+    "torch-gpipe": Method("torch.distributed.pipelining GPipe", "bp"),
+}
+
+
+def run_config(suite: str, method: str, k: int, quick: bool, extra: list[str]) -> RunConfig:
+    """The config one cell of the comparison trains."""
+    s, m = SUITES[suite], METHODS[method]
+    sets = [*(s.quick if quick else s.overrides), f"net.blocks={k}"]
+    if s.widths:
+        if k > len(s.widths):
+            raise SystemExit(f"--ks: {suite} has {len(s.widths)} blocks at most; use K <= {len(s.widths)}")
+        sets.append(f"net.widths=[{','.join(map(str, s.widths[:k]))}]")
+    sets += [*m.overrides, f"name=compare-{suite}-{method}-k{k}", f"threads={k}", "tracking.mlflow=false",
+             "checkpoint.enabled=false", "runtime.dashboard=false", "runtime.timeline_epoch=0", *extra]  # fmt: skip
+    return load_config(REPO / "configs" / f"{suite}-{m.rule}.yaml", sets)
+
+
+def train(method: str, cfg: RunConfig, k: int) -> dict[str, Any]:
+    """Train one method; return its result JSON (growpipe's summary format)."""
+    if method == "bp":
+        from growpipe.local import train_local
+
+        return train_local(cfg, progress=None).summary()
+    if method == "ddp":
+        from growpipe.runtime.ddp import train_ddp
+
+        return train_ddp(cfg, progress=None)[0]
+    if method in ("gpipe", "1f1b"):
+        from growpipe.runtime.gpipe import train_gpipe
+
+        return train_gpipe(cfg, progress=None)[0]
+    if method == "torch-gpipe":
+        from torch_gpipe import train_torch_gpipe
+
+        return train_torch_gpipe(cfg, k, cfg.runtime.micro_batches)
+    from growpipe.runtime.pipeline import check_runtime_supports, train_ray
+
+    check_runtime_supports(cfg)
+    return train_ray(cfg, progress=None)[0]
+
+
+def median_rate(history: list[dict[str, Any]]) -> float:
+    """Samples/s: the median of the epochs after the first (warm-up), or the only epoch."""
+    return statistics.median([h["samples_per_second"] for h in history[1:]] or [history[0]["samples_per_second"]])
+
+
+def curve(history: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """(cumulative training seconds, test accuracy) after each epoch."""
+    t, out = 0.0, []
+    for h in history:
+        t += h["seconds"]
+        out.append((round(t, 3), h["test_accuracy"]))
+    return out
+
+
+def time_to(points: list[tuple[float, float]], target: float) -> float | None:
+    """Training seconds until the first epoch at or above target (None: never reached)."""
+    return next((t for t, a in points if a >= target), None)
+
+
+def measure(suite: str, method: str, k: int, quick: bool, extra: list[str]) -> dict[str, Any]:
+    cfg = run_config(suite, method, k, quick, extra)
+    start = time.perf_counter()
+    row: dict[str, Any] = {"suite": suite, "k": k, "method": method, "label": METHODS[method].label}
+    try:
+        s = train(method, cfg, k)
+    except Exception as e:  # one failed cell is reported, the others still run
+        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        return row
+    row.update(
+        test_accuracy=s["test_accuracy"],
+        best_accuracy=max(h["test_accuracy"] for h in s["history"]),
+        samples_per_second=median_rate(s["history"]),
+        train_seconds=s["train_seconds"],
+        curve=curve(s["history"]),
+        wall_seconds=round(time.perf_counter() - start, 1),
+        epochs=len(s["history"]),
+        backbone=s["backbone"],
+    )
+    return row
+
+
+def add_ratios(rows: list[dict[str, Any]], target_fraction: float) -> dict[tuple[str, int], float]:
+    """Fill each row's target time and ratios against BP and torch GPipe of the same suite and K; returns
+    the target accuracy of each (suite, K)."""
+    targets = {}
+    for key in {(r["suite"], r["k"]) for r in rows}:
+        cell = {r["method"]: r for r in rows if (r["suite"], r["k"]) == key and "error" not in r}
+        if not cell:
+            continue
+        ref = cell.get("bp") or max(cell.values(), key=lambda r: r["best_accuracy"])
+        targets[key] = target = round(target_fraction * ref["best_accuracy"], 4)
+        for r in cell.values():
+            r["target_accuracy"] = target
+            r["time_to_target"] = time_to(r["curve"], target)
+            for peer in ("bp", "torch-gpipe"):
+                p = cell.get(peer)
+                r[f"rate_vs_{peer}"] = r["samples_per_second"] / p["samples_per_second"] if p else None
+                r[f"acc_vs_{peer}_points"] = 100 * (r["test_accuracy"] - p["test_accuracy"]) if p else None
+            bp_t = cell["bp"].get("time_to_target") if "bp" in cell else None
+            r["time_to_target_speedup_vs_bp"] = bp_t / r["time_to_target"] if bp_t and r["time_to_target"] else None
+    return targets
+
+
+def _f(v: float | None, fmt: str) -> str:
+    return "n/a" if v is None else format(v, fmt)
+
+
+def markdown(rows: list[dict[str, Any]], targets: dict[tuple[str, int], float]) -> str:
+    """One table per suite: every K and method, with the ratios."""
+    out = []
+    for suite in dict.fromkeys(r["suite"] for r in rows):
+        out += [
+            f"#### {suite} ({next(r.get('backbone', '?') for r in rows if r['suite'] == suite and 'error' not in r)})",
+            "",
+            "| K | method | test acc | vs BP (points) | samples/s | x BP | x torch GPipe | target acc | "
+            "s to target | speed-up to target vs BP |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for r in (r for r in rows if r["suite"] == suite):
+            if "error" in r:
+                out.append(f"| {r['k']} | {r['label']} | failed: {r['error']} | | | | | | | |")
+                continue
+            out.append(
+                f"| {r['k']} | {r['label']} | {r['test_accuracy']:.4f} | {_f(r['acc_vs_bp_points'], '+.2f')} | "
+                f"{r['samples_per_second']:,.0f} | {_f(r['rate_vs_bp'], '.2f')} | "
+                f"{_f(r['rate_vs_torch-gpipe'], '.2f')} | {targets[(suite, r['k'])]:.4f} | "
+                f"{_f(r['time_to_target'], '.1f')} | {_f(r['time_to_target_speedup_vs_bp'], '.2f')} |"
+            )
+        out.append("")
+    return "\n".join(out)
+
+
+def write_plots(rows: list[dict[str, Any]], targets: dict[tuple[str, int], float], out_dir: Path) -> list[str]:
+    """One PNG per (suite, K): accuracy vs training time, one line per method."""
+    from growpipe.plots import plot_accuracy_vs_time
+
+    paths = []
+    for (suite, k), target in sorted(targets.items()):
+        curves = {r["label"]: r["curve"] for r in rows if (r["suite"], r["k"]) == (suite, k) and "error" not in r}
+        path = out_dir / f"compare-{suite}-k{k}.png"
+        paths.append(str(plot_accuracy_vs_time(curves, path, f"{suite}, K = {k}", target)))
+    return paths
+
+
+def update_results(path: Path, section: str) -> Path:
+    """Replace the text between the bench-compare markers of a Markdown file (append it when absent)."""
+    text = path.read_text() if path.exists() else ""
+    block = f"{BEGIN}\n{section.rstrip()}\n{END}"
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + block + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip() + ("\n\n" if text else "") + block + "\n"
+    return atomic_write_text(path, text)
+
+
+def _csv(value: str, allowed: Callable[[str], bool], flag: str, choices: str) -> list[str]:
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    bad = [v for v in items if not allowed(v)]
+    if bad or not items:
+        raise SystemExit(f"{flag}: {', '.join(bad) or 'nothing given'} not known; choose from {choices}")
+    return items
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="tiny data and 2 epochs per run: a smoke run of every cell")
+    ap.add_argument("--suites", default=",".join(SUITES), help=f"comma-separated, from {', '.join(SUITES)}")
+    ap.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from {', '.join(METHODS)}")
+    ap.add_argument("--ks", default="2,4", help="stage counts K (= blocks), comma-separated (default 2,4)")
+    ap.add_argument("--target-fraction", type=float, default=0.95,
+                    help="target accuracy = this x single-process BP's best test accuracy (default 0.95)")  # fmt: skip
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for every run, e.g. --set train.epochs=6")  # fmt: skip
+    ap.add_argument("--json-out", metavar="FILE", help="write every row and ratio as JSON")
+    ap.add_argument("--plot-dir", metavar="DIR", help="where the PNGs go (default: beside --json-out, else bench/out)")
+    ap.add_argument("--results-md", metavar="FILE", help="write the tables into FILE between the bench-compare markers")
+    args = ap.parse_args(argv)
+    suites = _csv(args.suites, SUITES.__contains__, "--suites", ", ".join(SUITES))
+    methods = _csv(args.methods, METHODS.__contains__, "--methods", ", ".join(METHODS))
+    ks = [int(k) for k in _csv(args.ks, lambda v: v.isdigit() and int(v) >= 1, "--ks", "whole numbers >= 1")]
+    if not 0 < args.target_fraction <= 1:
+        raise SystemExit("--target-fraction: must be in (0, 1], e.g. 0.95")
+    cells = [(s, k, m) for s in suites for k in ks for m in methods]
+    configs = {c: run_config(c[0], c[2], c[1], args.quick, args.overrides) for c in cells}  # bad input fails here
+    plot_dir = Path(args.plot_dir or (Path(args.json_out).parent if args.json_out else REPO / "bench" / "out"))
+
+    import ray
+
+    from growpipe.runtime.pipeline import connect
+
+    owns, _ = connect(next(iter(configs.values())), cpus=max(os.cpu_count() or 1, 2 * max(ks) + 1))
+    start, rows = time.perf_counter(), []
+    try:
+        for i, (suite, k, method) in enumerate(cells, 1):
+            print(f"[{i}/{len(cells)}] {suite} K={k} {METHODS[method].label} ...", flush=True)
+            rows.append(measure(suite, method, k, args.quick, args.overrides))
+            r = rows[-1]
+            print("    " + (f"FAILED {r['error']}" if "error" in r else
+                            f"test acc {r['test_accuracy']:.4f}  {r['samples_per_second']:,.0f} samples/s  "
+                            f"{r['wall_seconds']:.0f} s"), flush=True)  # fmt: skip
+    finally:
+        if owns:
+            ray.shutdown()
+    targets = add_ratios(rows, args.target_fraction)
+    table = markdown(rows, targets)
+    print(table)
+    plots = write_plots(rows, targets, plot_dir)
+    print("plots: " + ", ".join(plots))
+    seconds = round(time.perf_counter() - start, 1)
+    settings = {"quick": args.quick, "target_fraction": args.target_fraction, "overrides": args.overrides,
+                "suites": {s: list(SUITES[s].quick if args.quick else SUITES[s].overrides) for s in suites},
+                "cpus": os.cpu_count(), "seconds": seconds}  # fmt: skip
+    if args.results_md:
+        cmd = "growpipe bench compare " + " ".join(argv if argv is not None else sys.argv[1:])
+        note = (f"`{cmd}` ({seconds:.0f} s, {os.cpu_count()} CPUs). Target accuracy: "
+                f"{args.target_fraction:g} x single-process BP's best epoch. Plots: "
+                + ", ".join(f"`{Path(p).name}`" for p in plots))  # fmt: skip
+        section = note + "\n\n" + table
+        print(f"results: {update_results(Path(args.results_md), section)}")
+    if args.json_out:
+        out = {"rows": rows, "targets": {f"{s}/k{k}": t for (s, k), t in targets.items()}, "plots": plots,
+               "settings": settings}  # fmt: skip
+        print(f"JSON: {atomic_write_json(args.json_out, out)}")
+    print(f"done in {seconds} s")
+    return 0 if all("error" not in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

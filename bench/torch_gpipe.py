@@ -1,0 +1,151 @@
+"""The peer: PyTorch's own GPipe (torch.distributed.pipelining) on growpipe's BP blocks.
+
+K processes on gloo, one per stage; stage r holds a contiguous run of the same blocks (same seeded initial
+weights) that growpipe's BP runtimes train, the last stage adds the classifier. Text masks travel between
+stages as a float tensor next to the features. After every epoch each stage saves its weights; the driver
+rebuilds the net and evaluates it, so the peer gets the same accuracy-vs-wall-time history as the others.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from growpipe.config import RunConfig, build_config
+from growpipe.nn.backbones import head_features
+
+
+class StageModule(nn.Module):
+    """A contiguous run of blocks' encoders; the last stage adds the classifier.
+
+    Takes (features[, mask as float]) and returns the same, or the logits on the last stage."""
+
+    def __init__(self, modules: list[nn.ModuleDict], last: bool):
+        super().__init__()
+        self.blocks = nn.ModuleList(modules)
+        self.last = last
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> Any:
+        m = None if mask is None else mask > 0.5
+        for b in self.blocks:
+            x, m = b["f"](x, m, {})
+        if self.last:
+            return self.blocks[-1]["cls"](head_features(x, m))
+        return x if m is None else (x, m.float())
+
+
+def stage_ranges(blocks: int, stages: int) -> list[range]:
+    """Contiguous, near-equal runs of block indices, one per stage."""
+    if stages > blocks:
+        raise ValueError(f"stages: {stages} stages for {blocks} blocks; use at most {blocks}")
+    cuts = [round(i * blocks / stages) for i in range(stages + 1)]
+    return [range(cuts[i], cuts[i + 1]) for i in range(stages)]
+
+
+def _build_blocks(cfg: RunConfig) -> tuple[Any, Any, list[Any], list[Any]]:
+    from growpipe.data import load_data
+    from growpipe.nn.methods import build_block
+    from growpipe.nn.net import plan_blocks
+    from growpipe.nn.specs import InputInfo
+
+    bundle = load_data(cfg.data)
+    info = InputInfo.from_bundle(bundle)
+    specs = plan_blocks(cfg, info)
+    return bundle, info, specs, [build_block(cfg, s, info) for s in specs]
+
+
+def _worker(rank: int, cfg_json: dict, stages: int, micro: int, port: int, out_dir: str) -> None:
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    from growpipe.data.bundle import iterate_batches
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=stages)
+    try:
+        cfg = build_config(cfg_json, "torch GPipe peer config")
+        bundle, _, _, blocks = _build_blocks(cfg)
+        mine = stage_ranges(len(blocks), stages)[rank]
+        module = StageModule([blocks[i].modules for i in mine], last=rank == stages - 1)
+        stage = PipelineStage(module, rank, stages, torch.device("cpu"))
+        schedule = ScheduleGPipe(stage, n_microbatches=micro, loss_fn=F.cross_entropy)
+        opt = torch.optim.Adam(module.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+        bs, seconds, samples = cfg.data.batch_size, [], []
+        for epoch in range(1, cfg.train.epochs + 1):
+            module.train()
+            dist.barrier()
+            t0, n = time.perf_counter(), 0
+            # full batches only: the schedule fixes its micro-batch shapes on the first step
+            for p in iterate_batches(bundle.train, bs, shuffle=True, seed=cfg.seed, epoch=epoch):
+                if p.batch_size != bs:
+                    continue
+                opt.zero_grad(set_to_none=True)
+                if rank == 0:
+                    schedule.step(p.x)
+                elif rank == stages - 1:
+                    schedule.step(target=p.y)
+                else:
+                    schedule.step()
+                opt.step()
+                n += bs
+            dist.barrier()
+            seconds.append(time.perf_counter() - t0)
+            samples.append(n)
+            torch.save(module.state_dict(), Path(out_dir) / f"epoch{epoch}-stage{rank}.pt")
+        if rank == 0:
+            (Path(out_dir) / "times.json").write_text(json.dumps({"seconds": seconds, "samples": samples}))
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def train_torch_gpipe(cfg: RunConfig, stages: int, micro_batches: int = 4) -> dict[str, Any]:
+    """Train cfg's BP net with torch's ScheduleGPipe on `stages` processes; returns a result with the same
+    keys the comparison reads from growpipe's summaries (history, test_accuracy, samples_per_second)."""
+    import torch.multiprocessing as mp
+
+    from growpipe.evaluation import evaluate_states
+    from growpipe.report import epoch_row, summarize
+
+    if cfg.method != "bp":
+        raise ValueError(f"method: the torch GPipe peer trains end-to-end BP; got {cfg.method!r}")
+    if cfg.data.batch_size < micro_batches:
+        raise ValueError(f"data.batch_size: {cfg.data.batch_size} is fewer samples than {micro_batches} micro-batches")
+    ranges = stage_ranges(cfg.net.blocks, stages)
+    with tempfile.TemporaryDirectory(prefix="growpipe-torch-gpipe-") as tmp:
+        args = (cfg.model_dump(mode="json"), stages, micro_batches, _free_port(), tmp)
+        mp.spawn(_worker, args=args, nprocs=stages, join=True)
+        times = json.loads((Path(tmp) / "times.json").read_text())
+        bundle, info, specs, _ = _build_blocks(cfg)
+        topology = [s.to_dict() for s in specs]
+        history, ev = [], None
+        for epoch, (sec, n) in enumerate(zip(times["seconds"], times["samples"], strict=True), start=1):
+            states: list[dict[str, Any]] = []
+            for rank, mine in enumerate(ranges):
+                sd = torch.load(Path(tmp) / f"epoch{epoch}-stage{rank}.pt", map_location="cpu", weights_only=True)
+                for j in range(len(mine)):
+                    prefix = f"blocks.{j}."
+                    mods = {k[len(prefix) :]: v for k, v in sd.items() if k.startswith(prefix)}
+                    states.append({"modules": mods, "optimizers": {}, "frozen": False, "steps": 0})
+            ev = evaluate_states(cfg, bundle, info, topology, states)
+            k = cfg.net.blocks
+            history.append(epoch_row(epoch, cfg, k, k, {}, ev, n, sec))
+    assert ev is not None
+    summary = summarize(cfg, cfg.net.blocks, history, [], ev, sum(times["seconds"]), sum(times["samples"]))
+    summary.update(runtime="torch.distributed.pipelining", schedule=f"ScheduleGPipe, {micro_batches} micro-batches")
+    return summary
