@@ -4,10 +4,10 @@ batches four ways, compared as samples/s ratios measured in one run:
   (a) growpipe's reference trainer, sequential, 1 torch thread            (local rule: SCPL)
   (b) BP on the same layers, one process, K torch threads
   (c) the growpipe Ray pipeline, K stage actors x 1 CPU                   (local rule: SCPL)
-  (d) torch.distributed.pipelining GPipe, K processes on gloo (BP, same layers, 4 micro-batches)
+  (d) torch.distributed.pipelining GPipe, K processes on gloo (BP, same blocks, 4 micro-batches)
 
 plus the median per-hop overhead of (c) and its stage utilisation. Each figure is the median over the
-timed epochs (or step windows) after one warm-up. The block width is calibrated so one block step takes
+epochs after the first (warm-up). The block width is calibrated so one block step takes
 the target time on this machine.
 
     .venv/bin/growpipe bench pipeline --quick --json-out bench/out/pipeline-quick.json
@@ -20,15 +20,13 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from growpipe.config import RunConfig, build_config
-from growpipe.data import iterate_batches, load_data
+from growpipe.data import load_data
 from growpipe.fsutil import atomic_write_json
 from growpipe.local import train_local
 from growpipe.nn.methods import build_block
@@ -108,18 +106,18 @@ def calibrate(target_ms: float, batch_size: int) -> tuple[tuple[int, ...], list[
     return (first,) + (width,) * (K - 1), ms
 
 
-def epoch_rates(history: list[dict[str, Any]]) -> list[float]:
-    """Samples/s of every epoch after the first (warm-up)."""
-    return [h["samples_per_second"] for h in history[1:]] or [history[0]["samples_per_second"]]
+def median_rate(history: list[dict[str, Any]]) -> float:
+    """Samples/s: the median of the epochs after the first (warm-up), or the only epoch."""
+    return statistics.median([h["samples_per_second"] for h in history[1:]] or [history[0]["samples_per_second"]])
 
 
 def run_sequential(cfg: RunConfig) -> float:
-    return statistics.median(epoch_rates(train_local(cfg, progress=None).history))
+    return median_rate(train_local(cfg, progress=None).history)
 
 
 def run_bp_threads(cfg: RunConfig) -> float:
     bp = cfg.model_copy(update={"method": "bp", "threads": K})
-    rate = statistics.median(epoch_rates(train_local(bp, progress=None).history))
+    rate = median_rate(train_local(bp, progress=None).history)
     torch.set_num_threads(1)
     return rate
 
@@ -131,7 +129,7 @@ def run_ray(cfg: RunConfig, packets_per_call: int) -> dict[str, Any]:
     with Pipeline(cfg.model_copy(update={"runtime": runtime})) as p:
         result = p.train(progress=None)
     return {
-        "samples_per_second": statistics.median(epoch_rates(result["history"])),
+        "samples_per_second": median_rate(result["history"]),
         "hop_overhead_ms": result["hop_overhead_ms"],
         "stage_utilisation": [round(s["utilisation"], 4) for s in result["stages"]],
         "stages": result["stages"],
@@ -141,69 +139,11 @@ def run_ray(cfg: RunConfig, packets_per_call: int) -> dict[str, Any]:
 # ---- (d) torch.distributed.pipelining GPipe ------------------------------------------------------------
 
 
-def _gpipe_layers(cfg: RunConfig, rank: int, in_features: int) -> torch.nn.Module:
-    width = cfg.net.block_width(rank)
-    torch.manual_seed(rank)
-    layers: list[torch.nn.Module] = []
-    for i in range(cfg.net.layers_per_block):
-        fan_in = width if i else (in_features if rank == 0 else cfg.net.block_width(rank - 1))
-        layers += [torch.nn.Linear(fan_in, width), torch.nn.ReLU()]
-    if rank == K - 1:
-        layers.append(torch.nn.Linear(width, 10))
-    return torch.nn.Sequential(*layers)
+def run_torch_gpipe(cfg: RunConfig) -> float:
+    """Samples/s of PyTorch's GPipe (4 micro-batches, K processes on gloo) on the same blocks trained by BP."""
+    from torch_gpipe import train_torch_gpipe
 
-
-def _gpipe_worker(rank: int, cfg: RunConfig, port: int, steps: int, out_path: str) -> None:
-    import torch.distributed as dist
-    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
-
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=K)
-    try:
-        bundle = load_data(cfg.data)
-        in_features = int(torch.tensor(bundle.input_shape).prod())
-        module = _gpipe_layers(cfg, rank, in_features)
-        stage = PipelineStage(module, rank, K, torch.device("cpu"))
-        micro = 4
-        schedule = ScheduleGPipe(stage, n_microbatches=micro, loss_fn=torch.nn.functional.cross_entropy)
-        opt = torch.optim.Adam(module.parameters(), lr=cfg.train.lr, fused=cfg.train.fused or None)  # as the others
-        batches = list(iterate_batches(bundle.train, cfg.data.batch_size, shuffle=True, seed=cfg.seed))
-        batches = [b for b in batches if b.batch_size == cfg.data.batch_size]
-        stamps = []
-        for i in range(steps):
-            p = batches[i % len(batches)]
-            opt.zero_grad()
-            if rank == 0:
-                schedule.step(p.x.flatten(1))
-            else:
-                schedule.step(target=p.y)
-            opt.step()
-            stamps.append(time.perf_counter())
-        dist.barrier()
-        if rank == 0:
-            windows = len(batches)
-            rates = []
-            for start in range(windows, steps - windows + 1, windows):  # skip the first window (warm-up)
-                rates.append(windows * cfg.data.batch_size / (stamps[start + windows - 1] - stamps[start - 1]))
-            Path(out_path).write_text(str(statistics.median(rates)))
-    finally:
-        dist.destroy_process_group()
-
-
-def run_torch_gpipe(cfg: RunConfig, epochs: int) -> float:
-    import socket
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    batches = cfg.data.limit_train // cfg.data.batch_size
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "rate"
-        mp.spawn(_gpipe_worker, args=(cfg, port, batches * epochs, str(out)), nprocs=K, join=True)
-        return float(out.read_text())
+    return median_rate(train_torch_gpipe(cfg.model_copy(update={"method": "bp"}), K, 4)["history"])
 
 
 # ---- driver ------------------------------------------------------------------------------------------
@@ -229,7 +169,7 @@ def measure(target_ms: float, batches: int, epochs: int, batch_size: int, groups
     best = max(groups, key=lambda g: ray_figs[g]["samples_per_second"])
     ray_fig = ray_figs[best]
     pipe = ray_fig["samples_per_second"]
-    gpipe = run_torch_gpipe(cfg, epochs)
+    gpipe = run_torch_gpipe(cfg)
     print(f"   (d) torch GPipe, {K} procs, gloo      {gpipe:8.0f} samples/s", flush=True)
     act_kb = batch_size * widths[0] * 4 / 1024
     row = {
@@ -262,12 +202,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", type=int, help="batches per epoch (default: 12 quick, 40 full)")
     ap.add_argument("--epochs", type=int, help="epochs per measurement, the first is warm-up (default 3 / 4)")
     ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--target-ms", type=float, action="append",
+                    help="block step ms to calibrate for, repeatable (default: 20 quick, 20 and 10 full)")  # fmt: skip
     args = ap.parse_args(argv)
     if args.epochs is not None and args.epochs < 2:
         ap.error("--epochs must be at least 2: the first epoch is warm-up and is not measured")
     batches = args.batches or (12 if args.quick else 40)
     epochs = args.epochs or (3 if args.quick else 4)
-    targets = [20.0] if args.quick else [20.0, 10.0]
+    targets = args.target_ms or ([20.0] if args.quick else [20.0, 10.0])
+    if min(targets) <= 0:
+        ap.error("--target-ms must be positive, e.g. --target-ms 20")
     start = time.perf_counter()
     groups = (1,) if args.quick else GROUPS
     rows = [measure(t, batches, epochs, args.batch_size, groups) for t in targets]

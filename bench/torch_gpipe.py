@@ -1,8 +1,11 @@
 """The peer: PyTorch's own GPipe (torch.distributed.pipelining) on growpipe's BP blocks.
 
-K processes on gloo, one per stage; stage r holds a contiguous run of the same blocks (same seeded initial
-weights) that growpipe's BP runtimes train, the last stage adds the classifier. Text masks travel between
-stages as a float tensor next to the features. After every epoch each stage saves its weights; the driver
+K processes, one per stage, on gloo (on NCCL with a GPU each when cfg.device resolves to CUDA); stage r
+holds a contiguous run of the same blocks (same seeded initial weights) that growpipe's BP runtimes
+train, the last stage adds the classifier. Text masks travel between
+stages as a float tensor next to the features. Only full mini-batches train (the schedule fixes its
+micro-batch shapes on the first step): keep data.limit_train a multiple of data.batch_size for the same
+batches as growpipe's runtimes. After every epoch each stage saves its weights; the driver
 rebuilds the net and evaluates it, so the peer gets the same accuracy-vs-wall-time history as the others.
 """
 
@@ -21,7 +24,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from growpipe.config import RunConfig, build_config
+from growpipe.device import resolve_device, set_cpu_threads
 from growpipe.nn.backbones import head_features
+from growpipe.nn.block import make_optimizer
 
 
 class StageModule(nn.Module):
@@ -51,6 +56,15 @@ def stage_ranges(blocks: int, stages: int) -> list[range]:
     return [range(cuts[i], cuts[i + 1]) for i in range(stages)]
 
 
+def stage_device(cfg: RunConfig, rank: int) -> torch.device:
+    """The device of stage `rank`: its own GPU when cfg.device resolves to CUDA (one per stage, as the stage
+    actors get), else the CPU."""
+    device = resolve_device(cfg.device)
+    if device.type == "cuda":
+        return torch.device("cuda", rank % torch.cuda.device_count())
+    return device
+
+
 def _build_blocks(cfg: RunConfig) -> tuple[Any, Any, list[Any], list[Any]]:
     from growpipe.data import load_data
     from growpipe.nn.methods import build_block
@@ -69,39 +83,37 @@ def _worker(rank: int, cfg_json: dict, stages: int, micro: int, port: int, out_d
 
     from growpipe.data.bundle import iterate_batches
 
-    torch.set_num_threads(1)
+    cfg = build_config(cfg_json, "torch GPipe peer config")
+    device = stage_device(cfg, rank)
+    if device.type == "cpu":
+        set_cpu_threads(max(1, int(cfg.runtime.cpus_per_stage)))  # as a stage actor
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=stages)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=stages)
     try:
-        cfg = build_config(cfg_json, "torch GPipe peer config")
         bundle, _, _, blocks = _build_blocks(cfg)
         mine = stage_ranges(len(blocks), stages)[rank]
-        module = StageModule([blocks[i].modules for i in mine], last=rank == stages - 1)
-        stage = PipelineStage(module, rank, stages, torch.device("cpu"))
+        module = StageModule([blocks[i].modules for i in mine], last=rank == stages - 1).to(device)
+        stage = PipelineStage(module, rank, stages, device)
         schedule = ScheduleGPipe(stage, n_microbatches=micro, loss_fn=F.cross_entropy)
-        opt = torch.optim.Adam(module.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+        opt = make_optimizer(module.parameters(), cfg.train)
         bs, seconds, samples = cfg.data.batch_size, [], []
         for epoch in range(1, cfg.train.epochs + 1):
             module.train()
             dist.barrier()
             t0, n = time.perf_counter(), 0
-            # full batches only: the schedule fixes its micro-batch shapes on the first step
             for p in iterate_batches(bundle.train, bs, shuffle=True, seed=cfg.seed, epoch=epoch):
                 if p.batch_size != bs:
                     continue
                 opt.zero_grad(set_to_none=True)
-                if rank == 0:
-                    schedule.step(p.x)
-                elif rank == stages - 1:
-                    schedule.step(target=p.y)
-                else:
-                    schedule.step()
+                inputs = (p.x.to(device),) if rank == 0 else ()
+                schedule.step(*inputs, target=p.y.to(device) if rank == stages - 1 else None)
                 opt.step()
                 n += bs
             dist.barrier()
             seconds.append(time.perf_counter() - t0)
             samples.append(n)
-            torch.save(module.state_dict(), Path(out_dir) / f"epoch{epoch}-stage{rank}.pt")
+            weights = {k: v.cpu() for k, v in module.state_dict().items()}
+            torch.save(weights, Path(out_dir) / f"epoch{epoch}-stage{rank}.pt")
         if rank == 0:
             (Path(out_dir) / "times.json").write_text(json.dumps({"seconds": seconds, "samples": samples}))
     finally:

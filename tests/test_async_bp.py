@@ -43,8 +43,13 @@ def test_1f1b_converges_like_bp_and_spectrain_lowers_staleness():
         assert spec["staleness"][i] < 0.6 * stash["staleness"][i], (spec["staleness"], stash["staleness"])
 
 
-@pytest.mark.usefixtures("ray_session")
-def test_1f1b_needs_a_micro_batch_per_stage():
+def test_1f1b_needs_a_micro_batch_per_stage_refused_before_ray(monkeypatch: pytest.MonkeyPatch):
+    import growpipe.runtime.pipeline
+
+    def no_ray(*_a, **_k):
+        raise AssertionError("Ray was reached before the config was refused")
+
+    monkeypatch.setattr(growpipe.runtime.pipeline, "connect", no_ray)
     cfg = tiny_config(method="bp", net={"blocks": 3}, data={"limit_train": 100, "batch_size": 64},
                       runtime={"bp_schedule": "1f1b"})  # fmt: skip
     with pytest.raises(ConfigError, match="an epoch has 2 batch\\(es\\) for 3 stages"):

@@ -12,8 +12,8 @@ from growpipe.errors import PipelineError
 from growpipe.growth import GrowthPlan
 from growpipe.local import train_local
 from growpipe.runtime.client import request_growth
-from growpipe.runtime.controller import stage_env
 from growpipe.runtime.pipeline import Pipeline
+from growpipe.runtime.placement import stage_env
 from growpipe.runtime.stage import Stage
 from tests.conftest import tiny_config
 from tests.test_runtime import _assert_same_weights

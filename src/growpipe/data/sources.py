@@ -5,9 +5,9 @@ from __future__ import annotations
 import gzip
 import struct
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 import torch
 
 from growpipe import envvars
@@ -15,6 +15,9 @@ from growpipe.config import DataSpec
 from growpipe.data.bundle import DataBundle, Split, check_labels
 from growpipe.data.text import Vocab
 from growpipe.errors import DataError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 FASHION_CLASSES = [
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
@@ -180,6 +183,8 @@ def _image_bundle(name, xtr, ytr, xte, yte, class_names, spec: DataSpec) -> Data
 def load_newsgroups(spec: DataSpec) -> DataBundle:
     """20 Newsgroups from train.parquet / test.parquet (columns text, label, label_name)."""
     root = locate(spec, "20newsgroups", ["train.parquet", "test.parquet"])
+    import pandas as pd
+
     train = pd.read_parquet(root / "train.parquet")
     test = pd.read_parquet(root / "test.parquet")
     return frames_to_bundle("20newsgroups", train, test, spec)
@@ -243,6 +248,8 @@ def load_hf(spec: DataSpec) -> DataBundle:
 
 def frames_to_bundle(name: str, train: pd.DataFrame, test: pd.DataFrame, spec: DataSpec) -> DataBundle:
     """Turn train/test frames into a text bundle (when the text column exists) or a tabular one."""
+    import pandas as pd
+
     label = spec.label_column
     for split, df in (("train", train), ("test", test)):
         if len(df) == 0:
@@ -277,6 +284,8 @@ def frames_to_bundle(name: str, train: pd.DataFrame, test: pd.DataFrame, spec: D
 
 
 def _labels(train: pd.DataFrame, test: pd.DataFrame, spec: DataSpec, name: str):
+    import pandas as pd
+
     col = spec.label_column
     if not pd.api.types.is_integer_dtype(train[col]):
         names = sorted(set(train[col].astype(str)))

@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
-from torchvision.models.resnet import BasicBlock
 
 from growpipe.config import GrowStep, NetSpec
 from growpipe.errors import ConfigError, ShapeError
@@ -94,6 +93,8 @@ class ResNetEncoder(Encoder):
     """A contiguous slice of ResNet-18's basic blocks (torchvision's BasicBlock); slice 0 holds the stem."""
 
     def __init__(self, in_channels: int, start: int, end: int, image_size: int):
+        from torchvision.models.resnet import BasicBlock  # here: importing torchvision costs every actor ~2 s
+
         super().__init__()
         mods: list[nn.Module] = []
         inplanes = RESNET18_UNITS[start - 1][0] if start else 64

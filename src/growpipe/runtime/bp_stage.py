@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from growpipe.config import RunConfig
-from growpipe.data import DataBundle, load_data
+from growpipe.data import DataBundle
 from growpipe.data.bundle import batch_order
 from growpipe.device import resolve_device, set_cpu_threads
 from growpipe.errors import StageError
@@ -24,6 +24,7 @@ from growpipe.nn.methods import build_block
 from growpipe.nn.methods.bp import BPBlock
 from growpipe.nn.packet import Packet
 from growpipe.nn.specs import BlockSpec, InputInfo
+from growpipe.runtime.stage_data import DataReader
 
 
 def micro_slices(n: int, micro_batches: int) -> list[np.ndarray]:
@@ -31,7 +32,7 @@ def micro_slices(n: int, micro_batches: int) -> list[np.ndarray]:
     return [s for s in np.array_split(np.arange(n), min(micro_batches, n)) if len(s)]
 
 
-class BPStage:
+class BPStage(DataReader):
     """One BP block: forward(micro) keeps the graph; backward(micro, grad) returns the input's gradient;
     step() applies the gradients accumulated over the mini-batch (one synchronous update, as GPipe)."""
 
@@ -47,17 +48,6 @@ class BPStage:
         self.saved: dict[int, tuple[torch.Tensor | None, Packet, float]] = {}
         self.loss_sum = 0.0
         self.batches = 0
-
-    def load_data(self) -> tuple[InputInfo, str]:
-        """Stage 0 reads the dataset itself."""
-        self.bundle = load_data(self.cfg.data)
-        return InputInfo.from_bundle(self.bundle), self.bundle.summary()
-
-    def train_size(self) -> int:
-        """Stage 0: training samples per epoch."""
-        if self.bundle is None:
-            raise StageError(f"stage {self.index} has no data")
-        return len(self.bundle.train)
 
     def setup(self, spec: BlockSpec, info: InputInfo, last: bool) -> str:
         block = build_block(self.cfg, spec, info)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import queue
 import threading
 import time
@@ -22,8 +21,7 @@ from enum import Enum
 from typing import Any
 
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.placement_group import remove_placement_group
 
 from growpipe import envvars
 from growpipe.callbacks import RunCallback, notify, run_callbacks
@@ -43,6 +41,7 @@ from growpipe.nn.specs import BlockSpec, InputInfo
 from growpipe.report import epoch_row, format_epoch, summarize
 from growpipe.runtime import NAMESPACE
 from growpipe.runtime.growth_orders import GrowOrder, check_input_size, merge_stage_stats
+from growpipe.runtime.placement import in_bundle, make_stage_pg, stage_bundle
 from growpipe.runtime.stage import Stage
 
 
@@ -118,6 +117,7 @@ class Controller:
         self.watch = FrozenWatch()
         self.caches: list[dict[str, Any]] = []
         self.epoch = 0
+        self.epoch_running = False  # between an epoch's start and its logged row: the bar may be drawn
         self.history: list[dict[str, Any]] = []
         self.growth: list[dict[str, Any]] = []
         self.stage_totals: dict[int, dict[str, Any]] = {}
@@ -172,7 +172,7 @@ class Controller:
         k = len(manifest["topology"]) if manifest else cfg.net.blocks
         hosts: list[int | None] = list(manifest.get("hosts") or [None] * k) if manifest else [None] * k
         if self._reserved_pg is None:
-            self._shared_pg = self._make_pg(sum(h is None for h in hosts), cfg.runtime.placement)
+            self._shared_pg = make_stage_pg(self.cfg, sum(h is None for h in hosts), cfg.runtime.placement)
         first = self._launch_in_shared(0)
         self.slots = [first]
         self.info, summary = self._get(first.handle.load_data.remote(), "stage 0 loading the data")
@@ -316,6 +316,7 @@ class Controller:
         if self.cache_due:
             self._build_cache()
         self.epoch += 1
+        self.epoch_running = True
         record = self.epoch == self.cfg.runtime.timeline_epoch
         if record:
             self._get_all([s.handle.start_recording.remote() for s in self.slots], "starting the timeline")
@@ -352,6 +353,7 @@ class Controller:
         training = sum(1 for s in stats if s["loss"])
         row = epoch_row(self.epoch, self.cfg, len(self.slots), training, losses, ev, stats[0]["samples"], seconds)
         self.history.append(row)
+        self.epoch_running = False
         note_epoch(self.growth, row)
         self._say(format_epoch(row))
         self._notify("after_epoch", row)
@@ -452,7 +454,7 @@ class Controller:
             if self._reserved_pg is not None:
                 slot = self._launch_in_shared(spec.index)
             else:
-                slot = self._launch(spec.index, self._make_pg(1, "PACK"), 0, owns_pg=True)
+                slot = self._launch(spec.index, make_stage_pg(self.cfg, 1, "PACK"), 0, owns_pg=True)
         except PipelineError as e:
             if self.cfg.grow.on_no_capacity != "pack":
                 raise
@@ -616,35 +618,10 @@ class Controller:
         b = self._bundle()
         return ", ".join(f"{v:g} {k}" for k, v in b.items()) + " per stage"
 
-    def _make_pg(self, n: int, strategy: str) -> Any:
-        pg = placement_group([self._bundle() for _ in range(n)], strategy=strategy)
-        ready, _ = ray.wait([pg.ready()], timeout=self.cfg.runtime.placement_timeout_s)
-        if not ready:
-            remove_placement_group(pg)
-            have = ray.available_resources()
-            short_gpu = self._bundle().get("GPU", 0) * n > have.get("GPU", 0)
-            fix = "lower runtime.gpus_per_stage" if short_gpu else "lower runtime.cpus_per_stage"
-            raise PipelineError(
-                f"cannot place {n} stage(s) of {self._bundle()} within runtime.placement_timeout_s="
-                f"{self.cfg.runtime.placement_timeout_s:g}s "
-                f"(available: CPU {have.get('CPU', 0):g}, GPU {have.get('GPU', 0):g}); {fix} or add resources"
-            )
-        return pg
-
     def _launch(self, index: int, pg: Any, bundle_index: int, owns_pg: bool) -> _StageSlot:
-        b = self._bundle()
-        actor = ray.remote(concurrency_groups={"control": 1})(Stage).options(
-            name=f"{self.run_name}/stage{index}",
-            namespace=NAMESPACE,
-            num_cpus=b["CPU"],
-            num_gpus=b.get("GPU", 0),
-            max_concurrency=1,
-            runtime_env={"env_vars": stage_env()},
-            scheduling_strategy=PlacementGroupSchedulingStrategy(
-                placement_group=pg, placement_group_bundle_index=bundle_index
-            ),
-        )
-        return _StageSlot(actor.remote(index, self.cfg), pg, None, owns_pg, bundle_index)
+        actor = ray.remote(concurrency_groups={"control": 1})(Stage)
+        opts = in_bundle(actor, self.cfg, pg, bundle_index, name=f"{self.run_name}/stage{index}", max_concurrency=1)
+        return _StageSlot(opts.remote(index, self.cfg), pg, None, owns_pg, bundle_index)
 
     def _setup_and_wire(self, slots: list[_StageSlot]) -> None:
         names = self._get_all([s.handle.setup.remote(s.spec, self.info) for s in slots], "building the blocks")
@@ -770,7 +747,7 @@ class Controller:
 
     def epoch_position(self) -> dict[str, int] | None:
         """Where the running epoch is: {epoch, epochs, batch, batches}; None outside an epoch."""
-        if self.state is not State.TRAINING or not self.slots:
+        if self.state is not State.TRAINING or not self.epoch_running or not self.slots:
             return None
         try:
             done, total = ray.get(self.slots[self.source].handle.position.remote(), timeout=5)
@@ -827,31 +804,6 @@ def _describe(e: BaseException) -> str:
     if isinstance(e, StageError | GrowpipeError):
         return str(e)
     return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-
-
-STAGE_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
-"""glibc malloc settings for stage workers. In a Ray worker glibc keeps serving the multi-MB activation and
-gradient buffers of every step with fresh mmaps (about 6,000 page faults per 1280-wide MLP step, 33 ms
-instead of 25 ms); a fixed 32 MB mmap threshold and a high trim threshold keep them on the heap (4 faults
-per step, 25 ms). Variables already set in the driver's environment win."""
-
-
-def stage_env() -> dict[str, str]:
-    """Environment of a stage worker: the malloc settings above, then the driver's GROWPIPE_* variables."""
-    env = {k: os.environ.get(k, v) for k, v in STAGE_MALLOC_ENV.items()}
-    env.update(envvars.forwarded())
-    return env
-
-
-def stage_bundle(cfg: RunConfig, cluster_has_gpus: bool) -> dict[str, float]:
-    """The resources of one stage actor (and of its placement-group bundle)."""
-    gpus = cfg.runtime.gpus_per_stage
-    if gpus is None:
-        gpus = 1.0 if cluster_has_gpus else 0.0
-    bundle = {"CPU": float(cfg.runtime.cpus_per_stage)}
-    if gpus:
-        bundle["GPU"] = float(gpus)
-    return bundle
 
 
 def launch_controller(

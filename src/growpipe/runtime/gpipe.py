@@ -19,17 +19,15 @@ from collections.abc import Callable
 from typing import Any
 
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.placement_group import remove_placement_group
 
 from growpipe.config import RunConfig
-from growpipe.errors import ConfigError, PipelineError
+from growpipe.errors import ConfigError
 from growpipe.nn.net import GrowableNet, plan_blocks
 from growpipe.report import epoch_row, format_epoch, summarize
-from growpipe.runtime import NAMESPACE
 from growpipe.runtime.async_bp import AsyncBPStage, check_1f1b, run_1f1b_epoch
 from growpipe.runtime.bp_stage import BPStage, micro_slices
-from growpipe.runtime.controller import stage_bundle, stage_env
+from growpipe.runtime.placement import in_bundle, make_stage_pg
 
 BATCHES_AHEAD = 2
 """Mini-batches the driver submits before waiting for the oldest one's optimizer steps."""
@@ -63,24 +61,13 @@ class GPipeRun:
     def start(self) -> tuple[int, str]:
         cfg = self.cfg
         k = cfg.net.blocks
-        bundle = stage_bundle(cfg, ray.cluster_resources().get("GPU", 0) > 0)
-        self.pg = placement_group([bundle] * k, strategy=cfg.runtime.placement)
-        ready, _ = ray.wait([self.pg.ready()], timeout=cfg.runtime.placement_timeout_s)
-        if not ready:
-            raise PipelineError(f"cannot place {k} stage(s) of {bundle} within runtime.placement_timeout_s")
+        self.pg = make_stage_pg(cfg, k, cfg.runtime.placement)
         one_f_one_b = cfg.runtime.bp_schedule == "1f1b"
         actor = ray.remote(AsyncBPStage if one_f_one_b else BPStage)
-        for i in range(k):
-            opts = actor.options(
-                num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), namespace=NAMESPACE,
-                runtime_env={"env_vars": stage_env()},
-                scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=self.pg,
-                                                                     placement_group_bundle_index=i),
-            )  # fmt: skip
-            self.stages.append(opts.remote(i, cfg))
+        self.stages = [in_bundle(actor, cfg, self.pg, i).remote(i, cfg) for i in range(k)]
         self.info, summary = ray.get(self.stages[0].load_data.remote())
         n = ray.get(self.stages[0].train_size.remote())
-        if one_f_one_b:
+        if one_f_one_b:  # the dataset's own size (stage 0 read it), below data.limit_train or without it
             check_1f1b(cfg, math.ceil(n / cfg.data.batch_size))
         specs = plan_blocks(cfg, self.info)
         self.topology = [s.to_dict() for s in specs]
@@ -157,6 +144,8 @@ def train_gpipe(
         raise ConfigError(
             "runtime.bp_schedule: ddp is data-parallel, not a pipeline; use growpipe.runtime.ddp.train_ddp"
         )
+    if cfg.runtime.bp_schedule == "1f1b" and cfg.data.limit_train:  # at most this many batches: refuse before Ray
+        check_1f1b(cfg, math.ceil(cfg.data.limit_train / cfg.data.batch_size))
     cfg = resolve_tracking(cfg)
     owns, dashboard = connect(cfg, address)
     run = GPipeRun(cfg)

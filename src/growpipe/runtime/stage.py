@@ -23,7 +23,7 @@ import torch
 from growpipe import envvars
 from growpipe.checkpoint_store import CheckpointStore
 from growpipe.config import RunConfig
-from growpipe.data import DataBundle, iterate_batches, load_data
+from growpipe.data import DataBundle, iterate_batches
 from growpipe.device import resolve_device, set_cpu_threads
 from growpipe.errors import StageError, StageLostError
 from growpipe.nn.block import Block
@@ -31,6 +31,7 @@ from growpipe.nn.methods import build_block
 from growpipe.nn.packet import Packet
 from growpipe.nn.specs import BlockSpec, InputInfo
 from growpipe.runtime.prefix_cache import PrefixCache
+from growpipe.runtime.stage_data import DataReader
 
 
 class StageStats:
@@ -66,7 +67,7 @@ class StageStats:
         }
 
 
-class Stage:
+class Stage(DataReader):
     """One block in its own actor: trains on packets from upstream and pushes its output downstream."""
 
     def __init__(self, index: int, cfg: RunConfig):
@@ -97,10 +98,6 @@ class Stage:
         self.fault_step = fault[1] if fault and fault[0] == index else None
 
     # ---- control ------------------------------------------------------------------------------------
-    def load_data(self) -> tuple[InputInfo, str]:
-        """Stage 0 reads the dataset itself; returns what the controller needs to plan the blocks."""
-        self.bundle = load_data(self.cfg.data)
-        return InputInfo.from_bundle(self.bundle), self.bundle.summary()
 
     def setup(self, spec: BlockSpec, info: InputInfo, state: dict[str, Any] | None = None) -> str:
         """Build this stage's block (same seed as the reference trainer) and optionally load its state.
@@ -314,11 +311,6 @@ class Stage:
             raise StageLostError(f"stage {self.index + 1} died ({reason})") from None
 
     # ---- the frozen-prefix cache ----------------------------------------------------------------------
-    def train_size(self) -> int:
-        """Stage 0: training samples per epoch."""
-        if self.bundle is None:
-            raise StageError(f"stage {self.index} has no data")
-        return len(self.bundle.train)
 
     def start_cache(self, n: int) -> None:
         """Get ready to store the frozen prefix's output for `n` samples (then train from it)."""

@@ -31,7 +31,7 @@ THRESHOLD_METRICS = ("score", "accuracy", "macs_saved", "mean_depth", "macs_per_
 
 def trial_bundles(spec: SweepSpec, cfg: RunConfig, cluster_has_gpus: bool) -> list[dict[str, float]]:
     """The placement group of one trial: its driver's bundle, then one per block it may grow to."""
-    from growpipe.runtime.controller import stage_bundle
+    from growpipe.runtime.placement import stage_bundle
 
     head = {"CPU": spec.resources.trial_cpus}
     if spec.kind == "thresholds":
