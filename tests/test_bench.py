@@ -93,6 +93,20 @@ def test_compare_benchmark_quick_every_runner_ratios_plot_and_results_section(tm
     assert "| 2 | torch.distributed.pipelining GPipe |" in text
 
 
+@pytest.mark.usefixtures("ray_session")
+def test_compare_repeats_a_cell_and_reports_its_median_run(tmp_path: Path):
+    out = tmp_path / "compare.json"
+    argv = ["--quick", "--suites", "fashion-mnist", "--ks", "2", "--methods", "bp", "--repeats", "3",
+            "--json-out", str(out), "--plot-dir", str(tmp_path)]  # fmt: skip
+    _run_bench("compare", argv)
+    r = json.loads(out.read_text())
+    (row,) = r["rows"]
+    rates = row["samples_per_second_runs"]
+    assert row["repeats"] == 3 and len(rates) == 3 and len(row["test_accuracy_runs"]) == 3
+    assert row["samples_per_second"] == sorted(rates)[1]  # the median run's own figure
+    assert row["test_accuracy"] in row["test_accuracy_runs"] and r["settings"]["repeats"] == 3
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -101,6 +115,7 @@ def test_compare_benchmark_quick_every_runner_ratios_plot_and_results_section(tm
         (["--ks", "2,x"], "--ks: x not known"),
         (["--ks", "5", "--suites", "fashion-mnist"], "--ks: fashion-mnist has 4 blocks at most"),
         (["--target-fraction", "1.5"], "--target-fraction: must be in (0, 1]"),
+        (["--repeats", "0"], "--repeats: 0 is not a run count"),
     ],
 )
 def test_compare_benchmark_refuses_bad_input_before_training(argv: list[str], message: str):
