@@ -309,7 +309,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from growpipe.runtime.pipeline import connect
 
-    owns, _ = connect(next(iter(configs.values())), cpus=max(os.cpu_count() or 1, 2 * max(ks) + 1))
+    first = next(iter(configs.values()))
+    if "ddp" in methods:  # Ray Train's placement-group cleaner polls the State API, which the dashboard serves
+        first = first.model_copy(update={"runtime": first.runtime.model_copy(update={"dashboard": True})})
+    owns, _ = connect(first, cpus=max(os.cpu_count() or 1, 2 * max(ks) + 1))
     start, rows = time.perf_counter(), []
     try:
         for i, (suite, k, method) in enumerate(cells, 1):

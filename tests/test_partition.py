@@ -60,16 +60,22 @@ def test_bad_requests_are_refused_before_anything_runs():
 
 
 @pytest.mark.usefixtures("ray_session")
-def test_profiled_partition_trains_and_reports_predicted_and_measured_times(tmp_path: Path, capsys):
+@pytest.mark.parametrize("method", ["dascpl", "bp"])  # bp: measured on GPipe's stage actors
+def test_profiled_partition_trains_and_reports_predicted_and_measured_times(tmp_path: Path, capsys, method: str):
     out, report = tmp_path / "part.yaml", tmp_path / "part.json"
     args = ["partition", "--set", "net.blocks=3", "--set", "net.layers_per_block=2", "--set", "net.width=64",
-            "--set", "method=dascpl", "--set", "tracking.mlflow=false", "--set", "checkpoint.enabled=false",
+            "--set", f"method={method}", "--set", "tracking.mlflow=false", "--set", "checkpoint.enabled=false",
             "--set", "runtime.timeline_epoch=0", "--stages", "2", "--measure", "--write", str(out),
             "--json-out", str(report)]  # fmt: skip
     assert main(args) == 0, capsys.readouterr().err
     data = json.loads(report.read_text())
     assert len(data["layer_ms"]) == 6 and sum(data["layers"]) == 6 and len(data["layers"]) == 2
     assert len(data["predicted_stage_ms"]) == 2 and all(m is not None and m > 0 for m in data["measured_stage_ms"])
+    # a stage: its layers' times inside a stage plus one constant (one head; no gradient for its input)
+    assert all(ms > 0 for ms in data["layer_ms"]) and (data["stage_constant_ms"] == 0) == (method == "bp")
+    first = data["layers"][0]
+    want = data["stage_constant_ms"] + sum(data["layer_ms"][:first])
+    assert data["predicted_stage_ms"][0] == pytest.approx(want, abs=0.01)
     cfg = load_config(out)
     assert cfg.net.blocks == 2 and cfg.net.layers == data["layers"]
     assert main(["train", "--config", str(out), "--runtime", "local", "--set", "train.epochs=1", "-q"]) == 0

@@ -105,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--stages", "-k", type=int, required=True, metavar="K", help="number of stages (blocks)")
     pa.add_argument("--memory-mb", type=float, metavar="MB", help="memory a stage may use (default: no limit)")
     pa.add_argument("--write", metavar="YAML", help="write the partitioned run config here (net.blocks, net.layers)")
-    pa.add_argument("--measure", action="store_true", help="train 1 epoch on Ray and print the measured stage times")
+    pa.add_argument("--measure", action="store_true",
+                    help="train 1 epoch on Ray, print the measured stage times (bp: runtime.bp_schedule)")  # fmt: skip
     pa.add_argument("--json-out", metavar="FILE", help="write the partition report JSON here")
 
     ev = sub.add_parser("evaluate", help="evaluate a checkpoint: every exit and adaptive inference")
@@ -279,14 +280,17 @@ def _cmd_partition(args: argparse.Namespace) -> int:
     report = plan_partition(cfg, args.stages, args.memory_mb)
     part: Any = report.pop("config")
     print(f"data   {report['data']}")
-    print("layer ms: " + ", ".join(f"{v:.2f}" for v in report["layer_ms"]))
+    print("layer ms: " + ", ".join(f"{v:.2f}" for v in report["layer_ms"])
+          + f"  ({report['stage_constant_ms']:+.2f} ms per stage: one head, no input gradient upstream)")  # fmt: skip
     print(f"{'stage':>5}  {'layers':>6}  {'predicted ms':>12}  {'memory MB':>9}  measured ms")
     measured: list[float | None] = [None] * args.stages
     if args.measure:
-        from growpipe.runtime.pipeline import train_ray
-
         quick = part.model_copy(update={"train": part.train.model_copy(update={"epochs": 1})})
-        summary, _ = train_ray(quick, None, None)
+        if quick.method == "bp":  # BP's pipeline: GPipe or 1F1B (runtime.bp_schedule) on the stage actors
+            from growpipe.runtime.gpipe import train_gpipe as train_stages
+        else:
+            from growpipe.runtime.pipeline import train_ray as train_stages
+        summary, _ = train_stages(quick, None, None)
         bs = part.data.batch_size
         for s in summary["stages"]:
             measured[s["stage"]] = 1000 * s["busy_s"] / max(s["samples"] / bs, 1)

@@ -308,7 +308,8 @@ class RuntimeSpec(_Strict):
     num_cpus: int | None = Field(None, ge=1)
     """Embedded Ray only: logical CPUs to start it with (default: enough for every block the run will have)."""
     dashboard: bool = True
-    """Embedded Ray only: start the Ray dashboard (on 127.0.0.1; its address is printed at the start)."""
+    """Embedded Ray only: start the Ray dashboard (on 127.0.0.1; its address is printed at the start). It also
+    serves Ray's State API: without it Ray Train (bp_schedule ddp) keeps logging that it cannot reach it."""
     placement_timeout_s: float = Field(120.0, gt=0)
     """Longest wait for resources to place a stage (at the start and on growth) before failing."""
     stage_timeout_s: float = Field(300.0, gt=0)

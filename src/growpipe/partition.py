@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -27,7 +27,7 @@ ADAM_COPIES = 4
 @dataclass
 class LayerProfile:
     ms: float
-    """Median training-step time of the layer on one mini-batch (its block's local rule included)."""
+    """Median training-step time of the layer on one mini-batch as part of a stage (`profile_layers`)."""
     memory_mb: float
     """Parameters, gradients and optimizer state, plus the mini-batch's activations it keeps."""
 
@@ -91,9 +91,16 @@ def layer_config(cfg: RunConfig) -> RunConfig:
     return cfg.model_copy(update={"net": net})
 
 
-def profile_layers(cfg: RunConfig, steps: int = 7) -> tuple[list[LayerProfile], Any]:
-    """Time every layer's training step (its own block's rule, one mini-batch, median of `steps` after one
-    warm-up) on the config's device; returns the profiles and the loaded data description."""
+def profile_layers(cfg: RunConfig, steps: int = 7) -> tuple[list[LayerProfile], float, Any]:
+    """Time every layer's training step on the config's device (one mini-batch, median of `steps` after one
+    warm-up) and return (per-layer profiles, a per-stage constant in ms, the data description).
+
+    A layer is timed as a one-layer block: t_i, its block's head and loss included, no gradient for its
+    input. Inside a stage a layer also computes its input's gradient and shares one head, so a two-layer
+    block is timed too: d = t(1+2) - t1 - t2 is what a layer costs more inside a stage than alone. A layer
+    then costs t_i + d and a stage sum(t_i + d) - d (local rules: its first layer sends no gradient
+    upstream) or, for BP, sum(t_i + d) with layer 0 at t_0 (every stage but the first sends one).
+    """
     from growpipe.data import iterate_batches, load_data
     from growpipe.device import resolve_device, set_cpu_threads
     from growpipe.nn.methods import build_block
@@ -107,41 +114,77 @@ def profile_layers(cfg: RunConfig, steps: int = 7) -> tuple[list[LayerProfile], 
     bundle = load_data(units.data)
     info = InputInfo.from_bundle(bundle)
     p = next(iterate_batches(bundle.train, units.data.batch_size, shuffle=True, seed=units.seed)).to(device)
-    out = []
-    for spec in plan_blocks(units, info):
-        block = build_block(units, spec, info).to(device)
+
+    def timed(block: Any, packet: Any) -> tuple[float, Any]:
         times = []
         for _ in range(steps + 1):
             t0 = time.perf_counter()
-            nxt = _step(block, p, units.method)
+            nxt = _step(block, packet, units)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             times.append((time.perf_counter() - t0) * 1000)
+        return sorted(times[1:])[steps // 2], nxt
+
+    out, inputs = [], []
+    for spec in plan_blocks(units, info):
+        block = build_block(units, spec, info).to(device)
+        inputs.append(p)
+        ms, nxt = timed(block, p)
         params = sum(t.numel() * t.element_size() for t in block.modules.parameters())
         activations = nxt.x.numel() * nxt.x.element_size()
-        out.append(LayerProfile(sorted(times[1:])[steps // 2], (params * ADAM_COPIES + activations) / 2**20))
+        out.append(LayerProfile(ms, (params * ADAM_COPIES + activations) / 2**20))
         p = nxt
-    return out, bundle.summary()
+    d = 0.0
+    if len(out) >= 3:  # layers 1 and 2 (same width) as one two-layer block, last in the net only if layer 2 is
+        rest = [len(out) - 3] if len(out) > 3 else []
+        net = units.net.model_copy(update={"blocks": 2 + len(rest), "layers": [1, 2, *rest]})
+        pair = units.model_copy(update={"net": net})
+        pair_ms, _ = timed(build_block(pair, plan_blocks(pair, info)[1], info).to(device), inputs[1])
+        d = max(pair_ms - out[1].ms - out[2].ms, -0.9 * min(o.ms for o in out))  # noise never makes a cost <= 0
+    bp = cfg.method == "bp"
+    for i, o in enumerate(out):
+        if not (bp and i == 0):
+            o.ms += d
+    return out, (0.0 if bp else -d), bundle.summary()
 
 
-def _step(block: Any, p: Any, method: str) -> Any:
-    if method != "bp":
+def _step(block: Any, p: Any, cfg: RunConfig) -> Any:
+    """One training step of `block` as its pipeline runs it: the local rule's step, or for BP a forward and
+    backward per micro-batch (GPipe's runtime.micro_batches; 1F1B: the whole batch) and one update."""
+    if cfg.method != "bp":
         out, _ = block.train_step(p)
         return out
-    out = block.forward_with_grad(p)  # BP: forward with the graph, backward from the output
-    out.x.float().square().mean().backward()
+    from growpipe.runtime.bp_stage import micro_slices
+
+    micro = cfg.runtime.micro_batches if cfg.runtime.bp_schedule == "gpipe" else 1
+    outs = []
+    for part in micro_slices(p.batch_size, micro):  # contiguous, in order: the outputs concatenate back
+        out = block.forward_with_grad(_rows(p, torch.as_tensor(part, device=p.x.device)))
+        out.x.float().square().mean().backward()  # with the graph, backward from the output
+        outs.append(out.detached())
     block.optimizers["all"].step()
     block.optimizers["all"].zero_grad(set_to_none=True)
-    return out.detached()
+    if len(outs) == 1:
+        return outs[0]
+    masks = [o.mask for o in outs]
+    return replace(p, x=torch.cat([o.x for o in outs]), mask=None if masks[0] is None else torch.cat(masks))
+
+
+def _rows(p: Any, idx: torch.Tensor) -> Any:
+    """The packet's samples at `idx`."""
+    pick = lambda v: None if v is None else v.index_select(0, idx)
+    return replace(p, x=pick(p.x), y=pick(p.y), t=pick(p.t), mask=pick(p.mask),
+                   side={k: v.index_select(0, idx) for k, v in p.side.items()})  # fmt: skip
 
 
 def plan_partition(cfg: RunConfig, stages: int, memory_mb: float | None = None) -> dict[str, Any]:
     """Profile, cut into `stages`, and report: layers per stage, predicted ms per stage, the config."""
-    profiles, data = profile_layers(cfg)
+    profiles, per_stage, data = profile_layers(cfg)
+    # the same constant in every stage: it moves no cut, only the predicted times
     sizes = balanced_cuts([p.ms for p in profiles], stages, [p.memory_mb for p in profiles], memory_mb)
     predicted, mem, i = [], [], 0
     for size in sizes:
-        predicted.append(sum(p.ms for p in profiles[i : i + size]))
+        predicted.append(per_stage + sum(p.ms for p in profiles[i : i + size]))
         mem.append(sum(p.memory_mb for p in profiles[i : i + size]))
         i += size
     net = cfg.net.model_copy(update={"blocks": stages, "layers": sizes, "layers_per_block": 1, "widths": None,
@@ -149,6 +192,7 @@ def plan_partition(cfg: RunConfig, stages: int, memory_mb: float | None = None) 
     return {
         "data": data,
         "layer_ms": [round(p.ms, 3) for p in profiles],
+        "stage_constant_ms": round(per_stage, 3),
         "layer_memory_mb": [round(p.memory_mb, 3) for p in profiles],
         "layers": sizes,
         "predicted_stage_ms": [round(v, 3) for v in predicted],

@@ -30,7 +30,7 @@ from growpipe.config import RunConfig
 from growpipe.errors import ConfigError, StageError
 from growpipe.nn.backbones import head_features
 from growpipe.nn.packet import Packet
-from growpipe.runtime.bp_stage import BPStage
+from growpipe.runtime.bp_stage import BPStage, busy
 
 
 class _Encode(nn.Module):
@@ -74,6 +74,7 @@ class AsyncBPStage(BPStage):
         self.stale_sum, self.stale_n = 0.0, 0
         return name
 
+    @busy
     def forward(self, epoch: int, batch: int, upstream: Packet | None = None) -> Packet | None:  # type: ignore[override]
         block = self._require_block()
         block.modules.train()
@@ -92,8 +93,10 @@ class AsyncBPStage(BPStage):
         s, mask, logits = functional_call(self.wrapped, {f"m.{n}": w for n, w in weights.items()}, (x, p.mask, p.side))
         result = F.cross_entropy(logits, p.y) if self.last else s
         self.saved[batch] = (x_in, result, weights)
+        self.samples += len(p.y)
         return None if self.last else Packet(x=s.detach(), y=p.y, mask=mask, side=p.side, index=batch)
 
+    @busy
     def backward(self, batch: int, grad: torch.Tensor | None) -> torch.Tensor | None:  # type: ignore[override]
         block = self._require_block()
         x_in, result, weights = self.saved.pop(batch)

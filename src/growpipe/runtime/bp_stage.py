@@ -8,7 +8,10 @@ actors as ObjectRefs, so stage i works on micro-batch m+1 while stage i+1 works 
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -25,6 +28,22 @@ from growpipe.nn.methods.bp import BPBlock
 from growpipe.nn.packet import Packet
 from growpipe.nn.specs import BlockSpec, InputInfo
 from growpipe.runtime.stage_data import DataReader
+
+F_ = TypeVar("F_", bound=Callable[..., Any])
+
+
+def busy(method: F_) -> F_:
+    """Count a stage call's wall time as the stage's busy time (reported per stage, e.g. by `partition`)."""
+
+    @functools.wraps(method)
+    def timed(self: BPStage, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self.busy_s += time.perf_counter() - t0
+
+    return timed  # type: ignore[return-value]
 
 
 def micro_slices(n: int, micro_batches: int) -> list[np.ndarray]:
@@ -48,6 +67,8 @@ class BPStage(DataReader):
         self.saved: dict[int, tuple[torch.Tensor | None, Packet, float]] = {}
         self.loss_sum = 0.0
         self.batches = 0
+        self.busy_s = 0.0
+        self.samples = 0
 
     def setup(self, spec: BlockSpec, info: InputInfo, last: bool) -> str:
         block = build_block(self.cfg, spec, info)
@@ -57,6 +78,7 @@ class BPStage(DataReader):
         self.last = last
         return type(block).__name__
 
+    @busy
     def forward(
         self, epoch: int, batch: int, micro: int, share: float, upstream: Packet | None = None
     ) -> Packet | None:
@@ -71,8 +93,10 @@ class BPStage(DataReader):
             p = Packet(x=x_in, y=p.y, mask=p.mask, side=p.side, index=p.index)
         out = block.forward_with_grad(p)
         self.saved[micro] = (x_in, out, share)
+        self.samples += len(p.y)
         return None if self.last else out.detached()
 
+    @busy
     def backward(self, micro: int, grad: torch.Tensor | None) -> torch.Tensor | None:
         """Backward of micro-batch `micro` (the last stage starts from the loss); returns d loss / d input."""
         block = self._require_block()
@@ -88,6 +112,7 @@ class BPStage(DataReader):
             return None
         return x_in.grad.detach().cpu()
 
+    @busy
     def step(self) -> float | None:
         """One optimizer step with the accumulated gradients; the last stage returns the mini-batch's loss."""
         block = self._require_block()
@@ -105,6 +130,10 @@ class BPStage(DataReader):
         mean = self.loss_sum / max(self.batches, 1)
         self.loss_sum, self.batches = 0.0, 0
         return mean
+
+    def stage_stats(self) -> dict[str, Any]:
+        """This stage's busy seconds (forward, backward and optimizer calls) and samples so far."""
+        return {"stage": self.index, "busy_s": round(self.busy_s, 4), "samples": self.samples}
 
     def state_dict(self) -> dict[str, Any]:
         from growpipe.runtime.stage import _cpu_copy

@@ -113,6 +113,10 @@ class GPipeRun:
             return None
         return ray.get([st.staleness.remote() for st in self.stages])
 
+    def stage_stats(self) -> list[dict[str, Any]]:
+        """Per stage: busy seconds and samples so far."""
+        return ray.get([st.stage_stats.remote() for st in self.stages])
+
     def states(self) -> list[dict[str, Any]]:
         return ray.get([st.state_dict.remote() for st in self.stages])
 
@@ -176,7 +180,8 @@ def train_gpipe(
         assert ev is not None
         summary = summarize(cfg, k, history, [], ev, train_seconds, n * len(history))
         summary.update(runtime=f"ray-{cfg.runtime.bp_schedule}", schedule=schedule_name(cfg),
-                       micro_batches=cfg.runtime.micro_batches, staleness=run.staleness())  # fmt: skip
+                       micro_batches=cfg.runtime.micro_batches, staleness=run.staleness(),
+                       stages=run.stage_stats())  # fmt: skip
         net = run.final_net() if keep_net or callbacks else None
         notify(callbacks, "on_finish", summary, say=say)
         if net is not None:
