@@ -3,10 +3,11 @@ stage actors), the local rules (AL, SCPL, DASCPL on the Ray pipeline) and PyTorc
 (torch.distributed.pipelining), on the same blocks, data and batches, for each dataset and stage count K.
 
 Per cell: test accuracy, samples/s (median of the epochs after the first), training time to the target
-accuracy (a fraction of single-process BP's best), and their ratios against single-process BP and
-against torch's GPipe, measured in one run of this script; with --repeats N each cell trains N times and
-its median run (by samples/s) is reported. Prints Markdown tables, writes JSON, one PNG
-of accuracy vs wall time per dataset and K, and (with --results-md) the tables into bench/RESULTS.md.
+accuracy (a fraction of single-process BP's best, or of the best method's when bp is left out), and
+their ratios against single-process BP and against torch's GPipe, measured in one run of this script;
+with --repeats N (odd) each cell trains N times and its median run by samples/s is reported. Prints
+Markdown tables, writes JSON, one PNG of accuracy vs wall time per dataset and K, and (with
+--results-md) the tables into bench/RESULTS.md.
 
     .venv/bin/growpipe bench compare --quick --json-out bench/out/compare-quick.json
     .venv/bin/growpipe bench compare --json-out bench/out/compare.json --results-md bench/RESULTS.md
@@ -173,7 +174,7 @@ def measure(suite: str, method: str, k: int, quick: bool, extra: list[str]) -> d
 
 
 def measure_repeated(suite: str, method: str, k: int, quick: bool, extra: list[str], repeats: int) -> dict[str, Any]:
-    """Train one cell `repeats` times; return the median run by samples/s (every figure of the row comes from
+    """Train one cell `repeats` (odd) times; return the median run by samples/s (every figure of the row comes from
     that one run) with each run's samples/s and test accuracy beside it. A failed run fails the cell."""
     runs = []
     for i in range(repeats):
@@ -185,7 +186,7 @@ def measure_repeated(suite: str, method: str, k: int, quick: bool, extra: list[s
             print(f"    run {i + 1}/{repeats}: test acc {r['test_accuracy']:.4f}  "
                   f"{r['samples_per_second']:,.0f} samples/s", flush=True)  # fmt: skip
     ordered = sorted(runs, key=lambda r: r["samples_per_second"])
-    row = dict(ordered[(len(ordered) - 1) // 2])
+    row = dict(ordered[len(ordered) // 2])
     row.update(
         repeats=repeats,
         samples_per_second_runs=[r["samples_per_second"] for r in runs],
@@ -221,7 +222,7 @@ def _f(v: float | None, fmt: str) -> str:
     return "n/a" if v is None else format(v, fmt)
 
 
-def markdown(rows: list[dict[str, Any]], targets: dict[tuple[str, int], float]) -> str:
+def markdown(rows: list[dict[str, Any]]) -> str:
     """One table per suite: every K and method, with the ratios."""
     out = []
     for suite in dict.fromkeys(r["suite"] for r in rows):
@@ -285,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from {', '.join(METHODS)}")
     ap.add_argument("--ks", default="2,4", help="stage counts K (= blocks), comma-separated (default 2,4)")
     ap.add_argument("--repeats", type=int, default=1,
-                    help="train each cell N times, report its median run by samples/s (default 1)")  # fmt: skip
+                    help="train each cell N times, report its median run by samples/s (default 1; odd N)")  # fmt: skip
     ap.add_argument("--target-fraction", type=float, default=0.95,
                     help="target = this x the best accuracy of single-process BP (or of the best method)")  # fmt: skip
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -297,8 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     suites = _csv(args.suites, SUITES.__contains__, "--suites", ", ".join(SUITES))
     methods = _csv(args.methods, METHODS.__contains__, "--methods", ", ".join(METHODS))
     ks = [int(k) for k in _csv(args.ks, lambda v: v.isdigit() and int(v) >= 1, "--ks", "whole numbers >= 1")]
-    if args.repeats < 1:
-        raise SystemExit(f"--repeats: {args.repeats} is not a run count; give 1 or more, e.g. --repeats 3")
+    if args.repeats < 1 or args.repeats % 2 == 0:
+        raise SystemExit(f"--repeats: {args.repeats} has no middle run; give an odd count, e.g. --repeats 3")
     if not 0 < args.target_fraction <= 1:
         raise SystemExit("--target-fraction: must be in (0, 1], e.g. 0.95")
     cells = [(s, k, m) for s in suites for k in ks for m in methods]
@@ -334,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {"rows": rows, "targets": {f"{s}/k{k}": t for (s, k), t in targets.items()}, "settings": settings}
     if args.json_out:  # first: the measurements survive a failing plot
         print(f"JSON: {atomic_write_json(args.json_out, out)}")
-    table = markdown(rows, targets)
+    table = markdown(rows)
     print(table)
     out["plots"] = plots = write_plots(rows, targets, plot_dir)
     print("plots: " + ", ".join(plots))

@@ -61,7 +61,7 @@ def stage_device(cfg: RunConfig, rank: int) -> torch.device:
     actors get), else the CPU."""
     device = resolve_device(cfg.device)
     if device.type == "cuda":
-        return torch.device("cuda", rank % torch.cuda.device_count())
+        return torch.device("cuda", rank)
     return device
 
 
@@ -138,6 +138,9 @@ def train_torch_gpipe(cfg: RunConfig, stages: int, micro_batches: int = 4) -> di
         raise ValueError(f"method: the torch GPipe peer trains end-to-end BP; got {cfg.method!r}")
     if cfg.data.batch_size < micro_batches:
         raise ValueError(f"data.batch_size: {cfg.data.batch_size} is fewer samples than {micro_batches} micro-batches")
+    if resolve_device(cfg.device).type == "cuda" and stages > torch.cuda.device_count():
+        raise ValueError(f"stages: {stages} stages need a GPU each (NCCL), this machine has "
+                         f"{torch.cuda.device_count()}; use fewer stages or device: cpu")  # fmt: skip
     ranges = stage_ranges(cfg.net.blocks, stages)
     with tempfile.TemporaryDirectory(prefix="growpipe-torch-gpipe-") as tmp:
         args = (cfg.model_dump(mode="json"), stages, micro_batches, _free_port(), tmp)

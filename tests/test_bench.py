@@ -115,7 +115,8 @@ def test_compare_repeats_a_cell_and_reports_its_median_run(tmp_path: Path):
         (["--ks", "2,x"], "--ks: x not known"),
         (["--ks", "5", "--suites", "fashion-mnist"], "--ks: fashion-mnist has 4 blocks at most"),
         (["--target-fraction", "1.5"], "--target-fraction: must be in (0, 1]"),
-        (["--repeats", "0"], "--repeats: 0 is not a run count"),
+        (["--repeats", "0"], "--repeats: 0 has no middle run"),
+        (["--repeats", "2"], "--repeats: 2 has no middle run"),
     ],
 )
 def test_compare_benchmark_refuses_bad_input_before_training(argv: list[str], message: str):

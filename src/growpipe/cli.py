@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--memory-mb", type=float, metavar="MB", help="memory a stage may use (default: no limit)")
     pa.add_argument("--write", metavar="YAML", help="write the partitioned run config here (net.blocks, net.layers)")
     pa.add_argument("--measure", action="store_true",
-                    help="train 1 epoch on Ray, print the measured stage times (bp: runtime.bp_schedule)")  # fmt: skip
+                    help="train 1 epoch on Ray, print the measured stage times (bp: gpipe or 1f1b)")  # fmt: skip
     pa.add_argument("--json-out", metavar="FILE", help="write the partition report JSON here")
 
     ev = sub.add_parser("evaluate", help="evaluate a checkpoint: every exit and adaptive inference")
@@ -277,22 +277,31 @@ def _cmd_partition(args: argparse.Namespace) -> int:
     from growpipe.partition import plan_partition
 
     cfg = load_config(args.config, args.overrides)
+    if args.measure and cfg.method == "bp" and cfg.runtime.bp_schedule == "ddp":
+        raise GrowpipeError("runtime.bp_schedule: ddp is data-parallel and has no stages to measure; "
+                          "use gpipe or 1f1b with --measure")  # fmt: skip
     report = plan_partition(cfg, args.stages, args.memory_mb)
     part: Any = report.pop("config")
     print(f"data   {report['data']}")
     print("layer ms: " + ", ".join(f"{v:.2f}" for v in report["layer_ms"])
-          + f"  ({report['stage_constant_ms']:+.2f} ms per stage: one head, no input gradient upstream)")  # fmt: skip
+          + (f"  ({report['stage_constant_ms']:+.2f} ms per stage: one head, no input gradient upstream)"
+             if cfg.method != "bp" else ""))  # fmt: skip
     print(f"{'stage':>5}  {'layers':>6}  {'predicted ms':>12}  {'memory MB':>9}  measured ms")
     measured: list[float | None] = [None] * args.stages
     if args.measure:
         quick = part.model_copy(update={"train": part.train.model_copy(update={"epochs": 1})})
         if quick.method == "bp":  # BP's pipeline: GPipe or 1F1B (runtime.bp_schedule) on the stage actors
-            from growpipe.runtime.gpipe import train_gpipe as train_stages
+            from growpipe.runtime.gpipe import train_gpipe
+
+            summary, _ = train_gpipe(quick, None, None)
+            stages = summary["stage_busy"]
         else:
-            from growpipe.runtime.pipeline import train_ray as train_stages
-        summary, _ = train_stages(quick, None, None)
+            from growpipe.runtime.pipeline import train_ray
+
+            summary, _ = train_ray(quick, None, None)
+            stages = summary["stages"]
         bs = part.data.batch_size
-        for s in summary["stages"]:
+        for s in stages:
             measured[s["stage"]] = 1000 * s["busy_s"] / max(s["samples"] / bs, 1)
         report["measured_stage_ms"] = measured
     for i, (n, ms, mb) in enumerate(zip(report["layers"], report["predicted_stage_ms"], report["stage_memory_mb"],

@@ -16,9 +16,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from growpipe.config import RunConfig
 from growpipe.errors import ConfigError
+from growpipe.nn.backbones import head_features
+from growpipe.nn.packet import Packet
 
 ADAM_COPIES = 4
 """Bytes per parameter, in units of the parameter: weights, gradient and Adam's two moments."""
@@ -95,11 +98,12 @@ def profile_layers(cfg: RunConfig, steps: int = 7) -> tuple[list[LayerProfile], 
     """Time every layer's training step on the config's device (one mini-batch, median of `steps` after one
     warm-up) and return (per-layer profiles, a per-stage constant in ms, the data description).
 
-    A layer is timed as a one-layer block: t_i, its block's head and loss included, no gradient for its
-    input. Inside a stage a layer also computes its input's gradient and shares one head, so a two-layer
-    block is timed too: d = t(1+2) - t1 - t2 is what a layer costs more inside a stage than alone. A layer
-    then costs t_i + d and a stage sum(t_i + d) - d (local rules: its first layer sends no gradient
-    upstream) or, for BP, sum(t_i + d) with layer 0 at t_0 (every stage but the first sends one).
+    A layer is timed as a one-layer block: t_i, with what its block adds (a local rule's head and loss;
+    for BP the classifier and loss on the last layer only), no gradient for its input. Inside a stage a
+    layer also computes its input's gradient and shares one head, so a two-layer block is timed too:
+    d = t(1+2) - t1 - t2 is what a layer costs more inside a stage than alone. A layer then costs t_i + d
+    and a stage sum(t_i + d) - d (local rules: its first layer sends no gradient upstream) or, for BP,
+    sum(t_i + d) with layer 0 at t_0 (every stage but the first sends one).
     """
     from growpipe.data import iterate_batches, load_data
     from growpipe.device import resolve_device, set_cpu_threads
@@ -160,7 +164,11 @@ def _step(block: Any, p: Any, cfg: RunConfig) -> Any:
     outs = []
     for part in micro_slices(p.batch_size, micro):  # contiguous, in order: the outputs concatenate back
         out = block.forward_with_grad(_rows(p, torch.as_tensor(part, device=p.x.device)))
-        out.x.float().square().mean().backward()  # with the graph, backward from the output
+        if "cls" in block.modules:  # the last block: its classifier and loss, as the last stage runs them
+            loss = F.cross_entropy(block.modules["cls"](head_features(out.x, out.mask)), out.y)
+        else:  # a stand-in loss: the backward from the output is what a stage runs
+            loss = out.x.float().square().mean()
+        loss.backward()
         outs.append(out.detached())
     block.optimizers["all"].step()
     block.optimizers["all"].zero_grad(set_to_none=True)
@@ -170,7 +178,7 @@ def _step(block: Any, p: Any, cfg: RunConfig) -> Any:
     return replace(p, x=torch.cat([o.x for o in outs]), mask=None if masks[0] is None else torch.cat(masks))
 
 
-def _rows(p: Any, idx: torch.Tensor) -> Any:
+def _rows(p: Packet, idx: torch.Tensor) -> Packet:
     """The packet's samples at `idx`."""
     pick = lambda v: None if v is None else v.index_select(0, idx)
     return replace(p, x=pick(p.x), y=pick(p.y), t=pick(p.t), mask=pick(p.mask),

@@ -181,7 +181,7 @@ def train_gpipe(
         summary = summarize(cfg, k, history, [], ev, train_seconds, n * len(history))
         summary.update(runtime=f"ray-{cfg.runtime.bp_schedule}", schedule=schedule_name(cfg),
                        micro_batches=cfg.runtime.micro_batches, staleness=run.staleness(),
-                       stages=run.stage_stats())  # fmt: skip
+                       stage_busy=run.stage_stats())  # fmt: skip
         net = run.final_net() if keep_net or callbacks else None
         notify(callbacks, "on_finish", summary, say=say)
         if net is not None:
