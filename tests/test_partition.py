@@ -59,6 +59,14 @@ def test_bad_requests_are_refused_before_anything_runs():
         tiny_config(net={"blocks": 2, "layers": [1, 2, 3]})
 
 
+def test_measuring_data_parallel_bp_is_refused_before_profiling(capsys):
+    args = ["partition", "--set", "method=bp", "--set", "runtime.bp_schedule=ddp", "--stages", "2", "--measure"]
+    assert main(args) == 2
+    err = capsys.readouterr()
+    assert "ddp is data-parallel and has no stages to measure; use gpipe or 1f1b" in err.err
+    assert "layer ms" not in err.out  # nothing was profiled
+
+
 @pytest.mark.usefixtures("ray_session")
 @pytest.mark.parametrize("method", ["dascpl", "bp"])  # bp: measured on GPipe's stage actors
 def test_profiled_partition_trains_and_reports_predicted_and_measured_times(tmp_path: Path, capsys, method: str):

@@ -123,11 +123,11 @@ def profile_layers(cfg: RunConfig, steps: int = 7) -> tuple[list[LayerProfile], 
         times = []
         for _ in range(steps + 1):
             t0 = time.perf_counter()
-            nxt = _step(block, packet, units)
+            outs = _step(block, packet, units)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             times.append((time.perf_counter() - t0) * 1000)
-        return sorted(times[1:])[steps // 2], nxt
+        return sorted(times[1:])[steps // 2], _joined(packet, outs)
 
     out, inputs = [], []
     for spec in plan_blocks(units, info):
@@ -152,12 +152,13 @@ def profile_layers(cfg: RunConfig, steps: int = 7) -> tuple[list[LayerProfile], 
     return out, (0.0 if bp else -d), bundle.summary()
 
 
-def _step(block: Any, p: Any, cfg: RunConfig) -> Any:
+def _step(block: Any, p: Packet, cfg: RunConfig) -> list[Packet]:
     """One training step of `block` as its pipeline runs it: the local rule's step, or for BP a forward and
-    backward per micro-batch (GPipe's runtime.micro_batches; 1F1B: the whole batch) and one update."""
+    backward per micro-batch (GPipe's runtime.micro_batches; 1F1B: the whole batch) and one update.
+    Returns the output of every micro-batch, in order."""
     if cfg.method != "bp":
         out, _ = block.train_step(p)
-        return out
+        return [out]
     from growpipe.runtime.bp_stage import micro_slices
 
     micro = cfg.runtime.micro_batches if cfg.runtime.bp_schedule == "gpipe" else 1
@@ -172,6 +173,11 @@ def _step(block: Any, p: Any, cfg: RunConfig) -> Any:
         outs.append(out.detached())
     block.optimizers["all"].step()
     block.optimizers["all"].zero_grad(set_to_none=True)
+    return outs
+
+
+def _joined(p: Packet, outs: list[Packet]) -> Packet:
+    """The micro-batches' outputs as one packet of p's samples (they are contiguous and in order)."""
     if len(outs) == 1:
         return outs[0]
     masks = [o.mask for o in outs]
