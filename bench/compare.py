@@ -115,26 +115,13 @@ def run_config(suite: str, method: str, k: int, quick: bool, extra: list[str]) -
 
 def train(method: str, cfg: RunConfig, k: int) -> dict[str, Any]:
     """Train one method; return its result JSON (growpipe's summary format)."""
-    if method == "bp":
-        from growpipe.local import train_local
-
-        return train_local(cfg, progress=None).summary()
-    if method == "ddp":
-        from growpipe.runtime.ddp import train_ddp
-
-        return train_ddp(cfg, progress=None)[0]
-    if method in ("gpipe", "1f1b"):
-        from growpipe.runtime.gpipe import train_gpipe
-
-        return train_gpipe(cfg, progress=None)[0]
     if method == "torch-gpipe":
         from torch_gpipe import train_torch_gpipe
 
         return train_torch_gpipe(cfg, k, cfg.runtime.micro_batches)
-    from growpipe.runtime.pipeline import check_runtime_supports, train_ray
+    from growpipe.api import train as train_run  # every other method: one engine each, the same run loop
 
-    check_runtime_supports(cfg)
-    return train_ray(cfg, progress=None)[0]
+    return train_run(cfg, "local" if method == "bp" else "ray", progress=None).result
 
 
 def curve(history: list[dict[str, Any]]) -> list[tuple[float, float]]:

@@ -102,7 +102,7 @@ def seconds_alone(cfg: RunConfig, net: GrowableNet) -> float:
             for b in prefix:
                 p = b.forward(p)
             cache.append(p)
-    fresh = build_block(cfg, last.spec, info)
+    fresh = build_block(cfg.rule(), last.spec, info)
     start = time.perf_counter()
     for p in cache.packets(cfg.data.batch_size, cfg.seed, epoch=cfg.total_epochs()):
         fresh.train_step(p)

@@ -73,8 +73,8 @@ def _build_blocks(cfg: RunConfig) -> tuple[Any, Any, list[Any], list[Any]]:
 
     bundle = load_data(cfg.data)
     info = InputInfo.from_bundle(bundle)
-    specs = plan_blocks(cfg, info)
-    return bundle, info, specs, [build_block(cfg, s, info) for s in specs]
+    specs = plan_blocks(cfg.net, cfg.method, info)
+    return bundle, info, specs, [build_block(cfg.rule(), s, info) for s in specs]
 
 
 def _worker(rank: int, cfg_json: dict, stages: int, micro: int, port: int, out_dir: str) -> None:

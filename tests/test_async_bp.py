@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from growpipe.api import train
 from growpipe.errors import ConfigError
 from growpipe.local import train_local
 from growpipe.runtime.async_bp import one_f_one_b_order
-from growpipe.runtime.gpipe import train_gpipe
 from tests.conftest import tiny_config
 
 
@@ -34,8 +34,8 @@ def _cfg(**runtime):
 @pytest.mark.usefixtures("ray_session")
 def test_1f1b_converges_like_bp_and_spectrain_lowers_staleness():
     bp = train_local(_cfg(), progress=None).summary()["test_accuracy"]
-    stash, _ = train_gpipe(_cfg(spectrain=False), progress=None)
-    spec, _ = train_gpipe(_cfg(spectrain=True), progress=None)
+    stash = train(_cfg(spectrain=False), progress=None).result
+    spec = train(_cfg(spectrain=True), progress=None).result
     assert stash["schedule"] == "1F1B + weight stashing" and spec["schedule"] == "1F1B + SpecTrain"
     assert abs(stash["test_accuracy"] - bp) <= 0.01 and abs(spec["test_accuracy"] - bp) <= 0.01
     assert stash["staleness"][-1] == spec["staleness"][-1] == 0.0  # the last stage is never stale
@@ -53,4 +53,4 @@ def test_1f1b_needs_a_micro_batch_per_stage_refused_before_ray(monkeypatch: pyte
     cfg = tiny_config(method="bp", net={"blocks": 3}, data={"limit_train": 100, "batch_size": 64},
                       runtime={"bp_schedule": "1f1b"})  # fmt: skip
     with pytest.raises(ConfigError, match="an epoch has 2 batch\\(es\\) for 3 stages"):
-        train_gpipe(cfg, progress=None)
+        train(cfg, progress=None)

@@ -36,7 +36,7 @@ def test_backbone_blocks_chain_and_train(backbone, method):
     info, net_params = CASES[backbone]
     cfg = tiny_config(method=method, net={"backbone": backbone, **net_params})
     torch.manual_seed(0)
-    net = GrowableNet.build(cfg, info)
+    net = GrowableNet.build(cfg.rule(), cfg.net, info)
     assert net.depth == net_params["blocks"]
     for prev, nxt in zip(net.blocks, net.blocks[1:], strict=False):
         assert tuple(nxt.in_shape) == tuple(prev.out_shape)
@@ -50,7 +50,7 @@ def test_backbone_blocks_chain_and_train(backbone, method):
     costs = net.exit_costs()
     encoders = [enc for enc, _ in costs.values()]
     assert encoders[-1] > 0 and encoders == sorted(encoders)  # embedding lookups count 0, the rest add up
-    net.grow(GrowStep(kind="layer", epochs=1))
+    net.grow(cfg.net, GrowStep(kind="layer", epochs=1))
     net.train_step(p)
     assert net.exit_logits(p)[net.depth].shape == (6, 3)
 
@@ -58,7 +58,8 @@ def test_backbone_blocks_chain_and_train(backbone, method):
 def test_resnet18_cut_covers_all_eight_units():
     info, _ = CASES["resnet18"]
     for k in (1, 2, 3, 8):
-        net = GrowableNet.build(tiny_config(net={"backbone": "resnet18", "blocks": k}), info)
+        cfg = tiny_config(net={"backbone": "resnet18", "blocks": k})
+        net = GrowableNet.build(cfg.rule(), cfg.net, info)
         units = [(b.spec.encoder.params["start"], b.spec.encoder.params["end"]) for b in net.blocks]
         assert units[0][0] == 0 and units[-1][1] == 8
         assert all(a[1] == b[0] for a, b in zip(units, units[1:], strict=False))
@@ -67,7 +68,7 @@ def test_resnet18_cut_covers_all_eight_units():
 def test_mlp_macs_are_exact():
     info = InputInfo((10,), "float", 3)
     cfg = tiny_config(method="dascpl", net={"backbone": "mlp", "blocks": 2, "width": 16})
-    net = GrowableNet.build(cfg, info)
+    net = GrowableNet.build(cfg.rule(), cfg.net, info)
     costs = net.exit_costs()
     assert costs[1] == (10 * 16, 16 * 3)
     assert costs[2] == (10 * 16 + 16 * 16, 16 * 3)
@@ -83,4 +84,5 @@ def test_mlp_macs_are_exact():
 )
 def test_backbone_that_does_not_fit_the_data_is_refused(backbone, info, needle):
     with pytest.raises(ConfigError, match=needle):
-        GrowableNet.build(tiny_config(net={"backbone": backbone}), info)
+        cfg = tiny_config(net={"backbone": backbone})
+        GrowableNet.build(cfg.rule(), cfg.net, info)

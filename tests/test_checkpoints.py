@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from growpipe.checkpoint_store import CheckpointStore, config_differences
+from growpipe.checkpoint import CheckpointStore, config_differences
 from growpipe.errors import CheckpointError
 from growpipe.resume import plan_resume
 
@@ -22,7 +22,7 @@ def _state(v: float) -> dict:
 
 def _write(store: CheckpointStore, epoch: int, batch: int, seq: int, v: float, config: dict | None = None):
     path = store.dir_for(epoch, batch, seq)
-    shards = [store.write_shard(path, i, _state(v + i)) for i in range(2)]
+    shards = [store.write_shard(path, {i: _state(v + i)}) for i in range(2)]
     return store.commit(path, {"epoch": epoch, "batch": batch, "seq": seq, "shards": shards, "config": config or {}})
 
 
@@ -35,7 +35,7 @@ def test_commit_latest_and_keep_k(tmp_path: Path):
     assert [(c.epoch, c.seq) for c in done] == [(2, 2), (3, 3)]  # the oldest was pruned
     ref = store.latest()
     manifest = store.read_manifest(ref)
-    assert torch.equal(store.load_shard(ref.path, 1, manifest["shards"][1])["modules"]["w"], torch.full((3, 3), 4.0))
+    assert torch.equal(store.load_block(ref.path, manifest["shards"], 1)["modules"]["w"], torch.full((3, 3), 4.0))
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [Path(c.path).name for c in done]
 
 
@@ -43,14 +43,14 @@ def test_changed_shard_and_damaged_manifest_are_refused(tmp_path: Path):
     store = CheckpointStore(str(tmp_path), "run")
     ref = _write(store, 1, 0, 1, 1.0)
     manifest = store.read_manifest(ref)
-    shard = Path(ref.path) / "stage-0.pt"
+    shard = Path(ref.path) / "block-0.pt"
     data = bytearray(shard.read_bytes())
     data[-20] ^= 0xFF
     shard.write_bytes(bytes(data))
-    with pytest.raises(CheckpointError, match="stage-0.pt does not match the SHA-256"):
-        store.load_shard(ref.path, 0, manifest["shards"][0])
+    with pytest.raises(CheckpointError, match="block-0.pt does not match the SHA-256"):
+        store.load_block(ref.path, manifest["shards"], 0)
     (Path(ref.path) / "manifest.json").write_text("{not json")
-    with pytest.raises(CheckpointError, match="manifest.json is unreadable"):
+    with pytest.raises(CheckpointError, match="manifest.json is not valid JSON"):
         store.read_manifest(ref)
 
 
@@ -81,14 +81,14 @@ def test_process_killed_while_writing_a_checkpoint_leaves_the_previous_one_loada
     script = textwrap.dedent(
         f"""
         import os, signal, torch
-        from growpipe.checkpoint_store import CheckpointStore
+        from growpipe.checkpoint import CheckpointStore
         store = CheckpointStore({str(tmp_path)!r}, "run")
         state = {{"modules": {{"w": torch.ones(4)}}, "optimizers": {{}}, "frozen": False, "steps": 1}}
         p1 = store.dir_for(1, 0, 1)
-        store.commit(p1, {{"epoch": 1, "batch": 0, "seq": 1, "shards": [store.write_shard(p1, 0, state)]}})
+        store.commit(p1, {{"epoch": 1, "batch": 0, "seq": 1, "shards": [store.write_shard(p1, {{0: state}})]}})
         state["modules"]["w"] = torch.zeros(4)
         p2 = store.dir_for(2, 0, 2)
-        store.write_shard(p2, 0, state)
+        store.write_shard(p2, {{0: state}})
         with store.fs.open_output_stream(p2 + "/.manifest.json.tmp") as f:
             f.write(b'{{"epoch": 2, "batch"')
             f.flush()
@@ -100,9 +100,9 @@ def test_process_killed_while_writing_a_checkpoint_leaves_the_previous_one_loada
     store = CheckpointStore(str(tmp_path), "run")
     ref = store.latest()
     assert (ref.epoch, ref.seq) == (1, 1)  # the half-written one is not complete
-    assert (tmp_path / "run" / "ckpt-000002-0000000-0002" / "stage-0.pt").is_file()
+    assert (tmp_path / "run" / "ckpt-000002-0000000-0002" / "block-0.pt").is_file()
     manifest = store.read_manifest(ref)
-    assert torch.equal(store.load_shard(ref.path, 0, manifest["shards"][0])["modules"]["w"], torch.ones(4))
+    assert torch.equal(store.load_block(ref.path, manifest["shards"], 0)["modules"]["w"], torch.ones(4))
 
 
 def test_nothing_in_the_package_unpickles_untrusted_files():

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from growpipe.api import train
 from growpipe.local import train_local
-from growpipe.runtime.ddp import train_ddp
 from tests.conftest import tiny_config
 
 
@@ -16,7 +16,8 @@ def test_ray_train_ddp_tracks_single_process_bp():
                       runtime={"bp_schedule": "ddp", "ddp_workers": 2})  # fmt: skip
     bp = train_local(cfg, progress=None)
     lines: list[str] = []
-    result, net = train_ddp(cfg, progress=lines.append, keep_net=True)
+    run = train(cfg, progress=lines.append, keep_net=True)
+    result, net = run.result, run.net
     assert result["runtime"] == "ray-train-ddp" and result["workers"] == 2 and result["epochs"] == 4
     # two equal shards per global batch, gradients averaged: the same steps as BP up to float rounding
     # (the last, odd-sized batch of each epoch splits unevenly)

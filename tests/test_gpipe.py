@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from growpipe.api import train
 from growpipe.errors import ConfigError
 from growpipe.local import train_local
 from growpipe.runtime.bp_stage import micro_slices
-from growpipe.runtime.gpipe import train_gpipe
+from growpipe.runtime.gpipe import check_bp
 from tests.conftest import tiny_config
 from tests.test_runtime import _assert_same_weights
 
@@ -21,7 +22,8 @@ def test_gpipe_matches_single_process_bp(micro):
     )  # fmt: skip
     reference = train_local(cfg, progress=None)
     lines: list[str] = []
-    result, net = train_gpipe(cfg, progress=lines.append, keep_net=True)
+    run = train(cfg, progress=lines.append, keep_net=True)
+    result, net = run.result, run.net
     assert result["runtime"] == "ray-gpipe" and result["blocks"] == 3 and result["epochs"] == 2
     ref_losses = [r["loss"]["b2.ce"] for r in reference.history]
     assert [r["loss"]["b2.ce"] for r in result["history"]] == pytest.approx(ref_losses, abs=1e-5)
@@ -34,7 +36,29 @@ def test_micro_batches_cover_the_batch_and_bad_configs_are_refused():
     parts = micro_slices(10, 4)
     assert [len(p) for p in parts] == [3, 3, 2, 2] and sorted(i for p in parts for i in p) == list(range(10))
     assert [len(p) for p in micro_slices(2, 4)] == [1, 1]
-    with pytest.raises(ConfigError, match="GPipe pipelines end-to-end BP"):
-        train_gpipe(tiny_config(method="al"), progress=None)
-    with pytest.raises(ConfigError, match="drop grow"):
-        train_gpipe(tiny_config(method="bp", grow={"every_epochs": 1, "max_blocks": 3}), progress=None)
+    with pytest.raises(ConfigError, match="pipelined BP trains method bp end to end"):
+        check_bp(tiny_config(method="al"))
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_gpipe_grows_checkpoints_and_resumes_like_single_process_bp(tmp_path):
+    """Method bp on the stage actors goes through the same run loop: a planned growth (the earlier stages
+    frozen), restore points, and a resume from the one written at the growth end with the reference's weights."""
+    from growpipe.checkpoint import CheckpointStore
+
+    base = {"name": "gpipe-grow", "method": "bp", "threads": 1, "net": {"blocks": 2, "width": 32},
+            "train": {"epochs": 1}, "data": {"limit_train": 256, "batch_size": 64}, "runtime": {"micro_batches": 2},
+            "grow": {"schedule": [{"kind": "layer", "epochs": 1}]}}  # fmt: skip
+    reference = train_local(tiny_config(**base), progress=None)
+    cfg = tiny_config(**base, checkpoint={"enabled": True, "uri": str(tmp_path), "keep": 5})
+    grown = train(cfg, progress=None, keep_net=True)
+    assert grown.result["blocks"] == 3 and grown.result["growth"][0]["blocks"] == 3
+    assert grown.result["frozen_unchanged"] is True
+    _assert_same_weights(reference.net, grown.net, atol=2e-5)
+    at_growth = next(c for c in CheckpointStore(str(tmp_path), "gpipe-grow").complete() if c.seq == 2)
+    assert (at_growth.epoch, at_growth.batch) == (1, 0)
+    lines: list[str] = []
+    resumed = train(cfg, progress=lines.append, keep_net=True, resume=at_growth.path)
+    assert any(line.startswith(f"resume {at_growth.path}: epoch 1, batch 0, 3 blocks") for line in lines)
+    assert [h["epoch"] for h in resumed.result["history"]] == [1, 2] and len(resumed.result["growth"]) == 1
+    _assert_same_weights(reference.net, resumed.net, atol=2e-5)

@@ -130,14 +130,14 @@ def test_stage_zero_pauses_before_its_next_batch_and_resumes_there(monkeypatch):
     info, _ = ray.get(stage.load_data.remote())
     from growpipe.nn.net import plan_blocks
 
-    ray.get(stage.setup.remote(plan_blocks(cfg, info)[0], info))
+    ray.get(stage.setup.remote(plan_blocks(cfg.net, cfg.method, info)[0], info))
     ref = stage.run_epoch.remote(1, ())
     time.sleep(0.4)
     ray.get(stage.request_pause.remote(), timeout=5)  # answered while run_epoch is busy
-    first = ray.get(ref, timeout=30)
-    assert 0 < first["paused_at"] < 20 and first["batches"] == first["paused_at"]
-    rest = ray.get(stage.run_epoch.remote(1, (), first["paused_at"]), timeout=30)
-    assert rest["paused_at"] is None and first["batches"] + rest["batches"] == 20
+    first, paused_at = ray.get(ref, timeout=30)
+    assert 0 < paused_at < 20 and first.batches == paused_at
+    rest, rest_paused_at = ray.get(stage.run_epoch.remote(1, (), paused_at), timeout=30)
+    assert rest_paused_at is None and first.batches + rest.batches == 20
     ray.kill(stage)
 
 

@@ -23,11 +23,12 @@ def test_frozen_blocks_are_bit_identical_after_append_and_training(method):
     cfg = tiny_config(method=method, net={"backbone": "cnn", "blocks": 2, "widths": [8, 16]})
     bundle = load_data(cfg.data)
     torch.manual_seed(0)
-    net = GrowableNet.build(cfg, InputInfo.from_bundle(bundle))
+    net = GrowableNet.build(cfg.rule(), cfg.net, InputInfo.from_bundle(bundle))
     for p in iterate_batches(bundle.train, 64, shuffle=True, epoch=0):
         net.train_step(p)
     frozen_before = [_snapshot(b) for b in net.blocks]
-    new = net.grow(GrowStep(kind="layer", epochs=1))
+    net.freeze()  # the caller decides freezing (grow.freeze in a run)
+    new = net.grow(cfg.net, GrowStep(kind="layer", epochs=1))
     new_before = _snapshot(new)
     for epoch in (1, 2):
         for p in iterate_batches(bundle.train, 64, shuffle=True, epoch=epoch):
@@ -71,9 +72,9 @@ def test_append_rejects_a_block_whose_input_does_not_chain():
     cfg = tiny_config(method="scpl")
     bundle = load_data(cfg.data)
     info = InputInfo.from_bundle(bundle)
-    net = GrowableNet.build(cfg, info)
+    net = GrowableNet.build(cfg.rule(), cfg.net, info)
     wrong = EncoderSpec("mlp", (100,), "float", {"width": 8, "layers": 1, "dropout": 0.0})
-    block = build_block(cfg, BlockSpec(2, wrong, True, 10), info)
+    block = build_block(cfg.rule(), BlockSpec(2, wrong, True, 10), info)
     with pytest.raises(ShapeError, match=r"takes input of shape \(100,\) but block 1 produces \(64,\)"):
         net.append(block)
 
@@ -81,8 +82,8 @@ def test_append_rejects_a_block_whose_input_does_not_chain():
 def test_unknown_side_group_is_refused_at_growth():
     cfg = tiny_config(method="al")
     bundle = load_data(cfg.data)
-    net = GrowableNet.build(cfg, InputInfo.from_bundle(bundle))
+    net = GrowableNet.build(cfg.rule(), cfg.net, InputInfo.from_bundle(bundle))
     from growpipe.errors import ConfigError
 
     with pytest.raises(ConfigError, match="unknown feature group 'band7'"):
-        net.grow(GrowStep(kind="feature", group="band7"))
+        net.grow(cfg.net, GrowStep(kind="feature", group="band7"))

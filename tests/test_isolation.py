@@ -15,7 +15,7 @@ def test_loss_of_block_j_changes_no_gradient_of_other_blocks(method, backbone):
     cfg = tiny_config(method=method, net={"backbone": backbone, "blocks": 3, "width": 32})
     bundle = load_data(cfg.data)
     torch.manual_seed(0)
-    net = GrowableNet.build(cfg, InputInfo.from_bundle(bundle))
+    net = GrowableNet.build(cfg.rule(), cfg.net, InputInfo.from_bundle(bundle))
     p = next(iterate_batches(bundle.train, 32, shuffle=False))
     for j, block in enumerate(net.blocks):
         for b in net.blocks:

@@ -60,7 +60,7 @@ def test_al_block_reports_the_losses_its_modules_give():
 
     cfg = tiny_config(method="al")
     bundle = load_data(cfg.data)
-    net = GrowableNet.build(cfg, InputInfo.from_bundle(bundle))
+    net = GrowableNet.build(cfg.rule(), cfg.net, InputInfo.from_bundle(bundle))
     p: Packet = next(iterate_batches(bundle.train, 16, shuffle=False))
     block = net.blocks[0]
     m = block.modules

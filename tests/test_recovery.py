@@ -16,7 +16,7 @@ import ray
 import yaml
 from mlflow.tracking import MlflowClient
 
-from growpipe.checkpoint_store import CheckpointStore
+from growpipe.checkpoint import CheckpointStore
 from growpipe.errors import PipelineError
 from growpipe.local import train_local
 from growpipe.runtime import NAMESPACE

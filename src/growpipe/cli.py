@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from growpipe.errors import GrowpipeError
+from growpipe.errors import BAD_INPUT, ConfigError, GrowpipeError
 
 EPILOG = "Config: YAML validated field by field (see configs/); --set key=value overrides any field."
 
@@ -145,49 +145,41 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from growpipe.checkpoint import save_checkpoint
+    from growpipe.api import train
+    from growpipe.checkpoint import save_net
     from growpipe.config import load_config
     from growpipe.fsutil import atomic_write_json
-    from growpipe.local import train_local
+    from growpipe.prepare import check_run, resolve_paths
     from growpipe.progress import EpochBar
     from growpipe.report import format_report, format_stage_table
-    from growpipe.tracking import resolve_tracking, ui_command
+    from growpipe.tracking import ui_command
 
     resume_from = None
     if args.resume:
         from growpipe.resume import plan_resume
 
-        if args.runtime == "local":
-            raise GrowpipeError("--resume: checkpoints are written by the Ray runtime; drop --runtime local")
-        cfg, resume_from = plan_resume(args.config, args.overrides, args.resume)
-        print(f"resume {resume_from.path if resume_from else 'nothing to resume: starting run ' + repr(cfg.name)}")
+        cfg, ref = plan_resume(args.config, args.overrides, args.resume)
+        resume_from = ref.path if ref else None
+        print(f"resume {resume_from or 'nothing to resume: starting run ' + repr(cfg.name)}")
     else:
         cfg = load_config(args.config, args.overrides)
-    cfg = resolve_tracking(cfg)
+    cfg = resolve_paths(cfg)
+    outputs = {
+        "--json-out": args.json_out,
+        "--save": args.save,
+        "--plot-out": args.plot_out,
+        "--trace-out": args.trace_out,
+    }
+    check_run(cfg, outputs)
+    if cfg.method == "bp" and args.runtime == "ray":
+        from growpipe.runtime.gpipe import check_bp
+
+        check_bp(cfg)
     bar = EpochBar()  # a redrawn bar per epoch in a terminal; plain lines in job logs and pipes
     progress = None if args.quiet else bar.line
-    if args.runtime == "local":
-        result = train_local(cfg, progress=progress)
-        summary, net = result.summary(), result.net
-    elif cfg.method == "bp":  # end-to-end BP pipelined as GPipe on the same stage actors
-        from growpipe.runtime.gpipe import check_gpipe, train_gpipe
-
-        check_gpipe(cfg)
-        if resume_from is not None:
-            raise GrowpipeError("--resume: method bp (GPipe) writes no checkpoints yet; train it again")
-        if cfg.runtime.bp_schedule == "ddp":
-            from growpipe.runtime.ddp import train_ddp
-
-            summary, net = train_ddp(cfg, args.address, progress, keep_net=bool(args.save))
-        else:
-            summary, net = train_gpipe(cfg, args.address, progress, keep_net=bool(args.save))
-    else:
-        from growpipe.runtime.pipeline import check_runtime_supports, train_ray
-
-        check_runtime_supports(cfg)
-        summary, net = train_ray(
-            cfg, args.address, progress, keep_net=bool(args.save), bar=None if args.quiet else bar, resume=resume_from
-        )
+    run = train(cfg, args.runtime, args.address, progress, keep_net=bool(args.save),
+                bar=None if args.quiet else bar, resume=resume_from)  # fmt: skip
+    summary = run.result
     print(format_report(summary))
     if "stages" in summary:
         print(format_stage_table(summary["stages"]))
@@ -198,8 +190,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.trace_out and "timeline" in summary:
         print(f"timeline: {atomic_write_json(args.trace_out, summary['timeline'])} (open in https://ui.perfetto.dev)")
     if args.save:
-        extra = {"growth": summary["growth"], "epochs": summary["epochs"]}
-        path = save_checkpoint(args.save, net, extra)
+        path = save_net(args.save, run.net, cfg, summary)
         print(f"checkpoint: {path}  (growpipe evaluate --checkpoint {path})")
     if cfg.tracking.mlflow and cfg.tracking.uri:
         print(f"MLflow: experiment {cfg.tracking.experiment!r} in {cfg.tracking.uri}")
@@ -216,9 +207,9 @@ def _grow_request(args: argparse.Namespace) -> dict[str, object]:
         try:
             loaded = yaml.safe_load(text)
         except yaml.YAMLError as e:
-            raise GrowpipeError(f"--spec: not valid YAML/JSON ({str(e).splitlines()[0]})") from None
+            raise ConfigError(f"--spec: not valid YAML/JSON ({str(e).splitlines()[0]})") from None
         if not isinstance(loaded, dict):
-            raise GrowpipeError("--spec: give a mapping, e.g. '{kind: layer, width: 128}'")
+            raise ConfigError("--spec: give a mapping, e.g. '{kind: layer, width: 128}'")
         request.update(loaded)
     for key in ("kind", "group", "width", "input_size"):
         if getattr(args, key) is not None:
@@ -259,9 +250,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     from growpipe.fsutil import atomic_write_json
     from growpipe.report import format_exits
 
-    net, bundle = load_for_evaluation(args.checkpoint, args.overrides)
-    cfg = net.cfg
-    ev = evaluate_net(net, bundle, cfg)
+    net, bundle, cfg = load_for_evaluation(args.checkpoint, args.overrides)
+    ev = evaluate_net(net, bundle, cfg.eval)
     print(f"{cfg.method} on {cfg.data.name}: {net.depth} blocks, full-path accuracy {ev['full_accuracy']:.4f}")
     print(format_exits(ev))
     if args.plot_out:
@@ -278,7 +268,7 @@ def _cmd_partition(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.overrides)
     if args.measure and cfg.method == "bp" and cfg.runtime.bp_schedule == "ddp":
-        raise GrowpipeError("runtime.bp_schedule: ddp is data-parallel and has no stages to measure; "
+        raise ConfigError("runtime.bp_schedule: ddp is data-parallel and has no stages to measure; "
                           "use gpipe or 1f1b with --measure")  # fmt: skip
     report = plan_partition(cfg, args.stages, args.memory_mb)
     part: Any = report.pop("config")
@@ -289,17 +279,10 @@ def _cmd_partition(args: argparse.Namespace) -> int:
     print(f"{'stage':>5}  {'layers':>6}  {'predicted ms':>12}  {'memory MB':>9}  measured ms")
     measured: list[float | None] = [None] * args.stages
     if args.measure:
+        from growpipe.api import train
+
         quick = part.model_copy(update={"train": part.train.model_copy(update={"epochs": 1})})
-        if quick.method == "bp":  # BP's pipeline: GPipe or 1F1B (runtime.bp_schedule) on the stage actors
-            from growpipe.runtime.gpipe import train_gpipe
-
-            summary, _ = train_gpipe(quick, None, None)
-            stages = summary["stage_busy"]
-        else:
-            from growpipe.runtime.pipeline import train_ray
-
-            summary, _ = train_ray(quick, None, None)
-            stages = summary["stages"]
+        stages = train(quick, progress=None).result["stages"]  # bp: GPipe or 1F1B (runtime.bp_schedule)
         bs = part.data.batch_size
         for s in stages:
             measured[s["stage"]] = 1000 * s["busy_s"] / max(s["samples"] / bs, 1)
@@ -340,7 +323,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     script = Path(__file__).resolve().parents[2] / "bench" / BENCHES[args.name]
     if not script.is_file():
-        raise GrowpipeError(f"bench: {script} not found; growpipe bench runs the scripts of a source checkout")
+        raise ConfigError(f"bench: {script} not found; growpipe bench runs the scripts of a source checkout")
     return subprocess.call([sys.executable, str(script), *args.args])
 
 
@@ -379,7 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handlers[args.command](args)
     except GrowpipeError as e:
         print(f"growpipe {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return 2 if isinstance(e, BAD_INPUT) else 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

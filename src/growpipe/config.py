@@ -174,6 +174,22 @@ class SCPLSpec(_Strict):
     proj_dim: int = Field(128, ge=2)
 
 
+class RuleSettings(_Strict):
+    """What a block needs of a run config: the learning rule, the seed and the rule's settings (nn/ is built
+    from this, never from the whole run config)."""
+
+    method: Literal["al", "scpl", "dascpl", "bp"] = "al"
+    """The learning rule."""
+    seed: int = 0
+    """The run's seed: each block draws its weights and dropout masks from its own stream of it."""
+    optim: OptimSpec = OptimSpec()
+    """The optimizer every block uses."""
+    al: ALSpec = ALSpec()
+    """AL's code size, bridge and label-side rate."""
+    scpl: SCPLSpec = SCPLSpec()
+    """SCPL/DASCPL's temperature and projector."""
+
+
 class _BlockAsk(_Strict):
     """Which block to append: a layer on top, or a block that also reads a new feature group."""
 
@@ -417,6 +433,10 @@ class RunConfig(_Strict):
                 else "set data.feature_groups (scheme, count, base) to declare groups"
             )
             raise ValueError(f"{where}: unknown feature group {step.group!r}; {hint}")
+
+    def rule(self) -> RuleSettings:
+        """The settings nn/ builds blocks from."""
+        return RuleSettings(method=self.method, seed=self.seed, optim=self.train, al=self.al, scpl=self.scpl)
 
     def max_blocks(self) -> int:
         """Most blocks the net may reach: grow.max_blocks, else once the whole schedule has run."""

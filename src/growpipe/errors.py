@@ -34,3 +34,11 @@ class StageLostError(StageError):
 
 class PipelineError(GrowpipeError, RuntimeError):
     """A pipeline run could not start or did not finish."""
+
+
+class InputError(PipelineError, ValueError):
+    """Bad input met by a run on the cluster (the data its worker read, a grow request, a run name)."""
+
+
+BAD_INPUT = (ConfigError, DataError, ShapeError, CheckpointError, InputError)
+"""Errors that mean the user's input is wrong (exit code 2); any other failure of a run exits with 1."""

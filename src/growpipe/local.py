@@ -1,8 +1,8 @@
-"""The single-process reference trainer: every block in order for every batch, no Ray.
+"""The reference trainer: every block in order for every batch in this process, no Ray (the oracle).
 
-It is the oracle the Ray runtime is checked against: for a seed, the data order, initial weights and
-updates are fixed. It grows where the config's growth plan says (schedule, every N epochs, or on a
-validation plateau), appending a block and freezing the earlier ones.
+For a seed, the data order, initial weights and updates are fixed; the Ray engines are checked against
+it. `LocalEngine` is its Engine for the run loop (growth, checkpoints and resume as for every engine);
+`train_local` runs it.
 """
 
 from __future__ import annotations
@@ -10,22 +10,22 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from growpipe.callbacks import notify, run_callbacks
+from growpipe.checkpoint import CheckpointStore, block_file
 from growpipe.config import RunConfig
 from growpipe.data import DataBundle, iterate_batches, load_data
 from growpipe.device import resolve_device, set_cpu_threads
 from growpipe.evaluation import evaluate_net
-from growpipe.growth import FrozenWatch, GrowthPlan, growth_event, note_epoch
+from growpipe.loop.engine import EpochPart, Poll, Prepared
+from growpipe.loop.loop import RunLoop, RunResult
+from growpipe.loop.stats import StageStats
+from growpipe.nn.methods import build_block
 from growpipe.nn.net import GrowableNet
-from growpipe.nn.specs import InputInfo
-from growpipe.report import epoch_row, format_epoch, summarize
-from growpipe.tracking import resolve_tracking
+from growpipe.nn.specs import BlockSpec, InputInfo
 
 Progress = Callable[[str], None]
 
@@ -37,114 +37,127 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-@dataclass
-class TrainResult:
-    """What a run produced: the trained net, per-epoch history, growth events and the final evaluation."""
+class LocalEngine:
+    """The whole net in this process: a GrowableNet trained batch by batch, block after block."""
 
-    net: GrowableNet
-    bundle: DataBundle
-    history: list[dict[str, Any]] = field(default_factory=list)
-    growth: list[dict[str, Any]] = field(default_factory=list)
-    evaluation: dict[str, Any] = field(default_factory=dict)
-    train_seconds: float = 0.0
-    samples_seen: int = 0
-    frozen_unchanged: bool | None = None
+    name = "local"
+    stage_table = False
+    pauses_mid_epoch = True
 
-    def summary(self) -> dict[str, Any]:
-        """The result JSON (see growpipe.report.summarize)."""
-        summary = summarize(
-            self.net.cfg,
-            self.net.depth,
-            self.history,
-            self.growth,
-            self.evaluation,
-            self.train_seconds,
-            self.samples_seen,
-        )
-        summary["frozen_unchanged"] = self.frozen_unchanged
-        return summary
+    def __init__(self, cfg: RunConfig, bundle: DataBundle | None = None):
+        self.cfg = cfg
+        self.bundle = bundle
+        self.info: InputInfo | None = None
+        self.net: GrowableNet | None = None
+        self.device = torch.device("cpu")
+        self._position = (0, 0)
+
+    def open(self, layout: dict[str, Any] | None = None) -> tuple[InputInfo, str]:
+        set_cpu_threads(self.cfg.threads)
+        self.device = resolve_device(self.cfg.device)
+        self.bundle = self.bundle or load_data(self.cfg.data)
+        self.info = InputInfo.from_bundle(self.bundle)
+        return self.info, self.bundle.summary()
+
+    def build(self, specs: list[BlockSpec], layout: dict[str, Any] | None) -> str:
+        assert self.info is not None
+        seed_everything(self.cfg.seed)
+        rule = self.cfg.rule()
+        self.net = GrowableNet(rule, self.info, self.device)
+        for spec in specs:
+            self.net.append(build_block(rule, spec, self.info))
+        return f"{self.cfg.method} on {self.cfg.net.backbone}, {self.net.depth} blocks, device {self.device}"
+
+    def run_epoch(self, epoch: int, start_batch: int, stop_at: int | None, poll: Poll) -> EpochPart:
+        net, bundle = self._net(), self.bundle
+        assert bundle is not None
+        bs = self.cfg.data.batch_size
+        stats = StageStats(stage=0, block="net")
+        self._position = (start_batch, -(-len(bundle.train) // bs))
+        paused_at = None
+        for p in iterate_batches(bundle.train, bs, shuffle=True, seed=self.cfg.seed, epoch=epoch,
+                                 side_groups=net.side_groups(), start_batch=start_batch):  # fmt: skip
+            if (stop_at is not None and p.index >= stop_at) or poll():
+                paused_at = p.index
+                break
+            t0 = time.perf_counter()
+            stats.add_losses(net.train_step(p))
+            stats.busy_s += time.perf_counter() - t0
+            stats.samples += p.batch_size
+            stats.batches += 1
+            self._position = (p.index + 1, self._position[1])
+        return EpochPart([stats], stats.samples, paused_at)
+
+    def prepare_block(self, spec: BlockSpec) -> Prepared:
+        assert self.info is not None
+        return Prepared(spec, handle=build_block(self.cfg.rule(), spec, self.info))
+
+    def attach_block(self, block: Prepared, freeze: bool) -> None:
+        net = self._net()
+        if freeze:
+            net.freeze()
+        net.append(block.handle)
+
+    def discard_block(self, block: Prepared) -> None:
+        """Nothing to release: the block only lives in this process."""
+
+    def cache_prefix(self) -> dict[str, Any] | None:
+        return None  # every block runs in this process: nothing to save by caching
+
+    def evaluate(self) -> dict[str, Any]:
+        assert self.bundle is not None
+        return evaluate_net(self._net(), self.bundle, self.cfg.eval)
+
+    def checksums(self) -> dict[int, str]:
+        return {b.index: b.checksum() for b in self._net().blocks}
+
+    def save(self, ckpt_dir: str) -> list[dict[str, Any]]:
+        store = self._store()
+        return [store.write_shard(ckpt_dir, {b.index: b.state_dict()}, block_file(b.index)) for b in self._net().blocks]
+
+    def layout(self) -> dict[str, Any]:
+        return {}
+
+    def restore(self, ckpt_dir: str, shards: list[dict[str, Any]]) -> None:
+        net = self._net()
+        net.load_state_dict({"blocks": self._store().load_blocks(ckpt_dir, shards, [b.index for b in net.blocks])})
+
+    def recover(self, specs: list[BlockSpec], layout: dict[str, Any] | None) -> str:
+        return self.build(specs, layout)
+
+    def final_states(self) -> list[dict[str, Any]]:
+        return self._net().state_dict()["blocks"]
+
+    def position(self) -> tuple[int, int] | None:
+        return self._position
+
+    def extras(self) -> dict[str, Any]:
+        return {}
+
+    def stop(self) -> None:
+        """Nothing to release."""
+
+    def _net(self) -> GrowableNet:
+        if self.net is None:
+            raise RuntimeError("the local engine has no net yet (build was not called)")
+        return self.net
+
+    def _store(self) -> CheckpointStore:
+        return CheckpointStore(self.cfg.checkpoint.uri, self.cfg.name, self.cfg.checkpoint.keep)
 
 
-def _epoch(net: GrowableNet, bundle: DataBundle, cfg: RunConfig, epoch: int) -> tuple[dict[str, float], int, float]:
-    sums: dict[str, float] = {}
-    batches = 0
-    samples = 0
-    start = time.perf_counter()
-    for p in iterate_batches(
-        bundle.train,
-        cfg.data.batch_size,
-        shuffle=True,
-        seed=cfg.seed,
-        epoch=epoch,
-        side_groups=net.side_groups(),
-    ):
-        for k, v in net.train_step(p).items():
-            sums[k] = sums.get(k, 0.0) + v
-        batches += 1
-        samples += p.batch_size
-    seconds = time.perf_counter() - start
-    return {k: v / max(batches, 1) for k, v in sums.items()}, samples, seconds
+def train_local(cfg: RunConfig, progress: Progress | None = print, bundle: DataBundle | None = None,
+                resume: str | None = None) -> RunResult:  # fmt: skip
+    """Train (and grow) a net in this process (from checkpoint directory `resume` when given); return the
+    result JSON, the trained net and the data. Raises the error that ended the run."""
+    from growpipe.prepare import checkpoint_store, resolve_paths, run_callbacks
 
-
-def train_local(cfg: RunConfig, progress: Progress | None = print, bundle: DataBundle | None = None) -> TrainResult:
-    """Train (and grow) a net in this process; return the trained net, its history and evaluation."""
-    say = progress or (lambda _msg: None)
-    cfg = resolve_tracking(cfg)
-    callbacks = run_callbacks(cfg, cfg.name, say)
-    try:
-        result = _train(cfg, say, bundle, callbacks)
-    except Exception as e:
-        notify(callbacks, "on_error", f"{type(e).__name__}: {e}", say=say)
-        raise
-    finally:
-        notify(callbacks, "close", say=say)
-    return result
-
-
-def _train(cfg: RunConfig, say: Progress, bundle: DataBundle | None, callbacks: list[Any]) -> TrainResult:
-    set_cpu_threads(cfg.threads)
-    device = resolve_device(cfg.device)
-    bundle = bundle or load_data(cfg.data)
-    say(f"data   {bundle.summary()}")
-    seed_everything(cfg.seed)
-    net = GrowableNet.build(cfg, InputInfo.from_bundle(bundle), device)
-    say(f"net    {cfg.method} on {cfg.net.backbone}, {net.depth} blocks, device {device}")
-    notify(callbacks, "on_start", say=say)
-    result = TrainResult(net=net, bundle=bundle)
-    plan = GrowthPlan(cfg)
-    watch = FrozenWatch()
-    epoch = 0
-    ev: dict[str, Any] | None = None
-
-    def grow_if_due() -> None:
-        nonlocal ev
-        for step in plan.due(epoch, result.history, net.depth):
-            event = growth_event(epoch, step, net.depth + 1, result.history, plan.policy)
-            block = net.grow(step)
-            watch.note({b.index: b.checksum() for b in net.blocks if b.frozen})
-            plan.grew(epoch)
-            ev = None
-            result.growth.append(event)
-            notify(callbacks, "on_growth", event, say=say)
-            say(f"grow   +{step.kind} block {block.index} ({block.spec.encoder.family}) -> {net.depth} blocks")
-
-    grow_if_due()
-    while epoch < plan.total_epochs:
-        epoch += 1
-        losses, samples, seconds = _epoch(net, bundle, cfg, epoch)
-        result.train_seconds += seconds
-        result.samples_seen += samples
-        ev = evaluate_net(net, bundle, cfg)
-        training = sum(not b.frozen for b in net.blocks)
-        row = epoch_row(epoch, cfg, net.depth, training, losses, ev, samples, seconds)
-        result.history.append(row)
-        note_epoch(result.growth, row)
-        say(format_epoch(row))
-        notify(callbacks, "after_epoch", row, say=say)
-        grow_if_due()
-    result.frozen_unchanged = watch.unchanged({b.index: b.checksum() for b in net.blocks})
-    result.evaluation = ev or evaluate_net(net, bundle, cfg)  # the last epoch's, unless the net changed since
-    summary = result.summary()
-    notify(callbacks, "on_finish", summary, say=say)
-    notify(callbacks, "on_final_net", net, summary, say=say)
-    return result
+    cfg = resolve_paths(cfg)
+    say = progress or (lambda _line: None)
+    engine = LocalEngine(cfg, bundle)
+    loop = RunLoop(cfg, engine, store=checkpoint_store(cfg), callbacks=run_callbacks(cfg, cfg.name, say), say=say,
+                   resume=resume)  # fmt: skip
+    result = loop.run()
+    if loop.failure is not None:
+        raise loop.failure
+    return RunResult(result, loop.final_net(), engine.bundle)

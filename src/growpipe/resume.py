@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from growpipe.checkpoint_store import CheckpointRef, CheckpointStore, config_differences
+from growpipe.checkpoint import CheckpointRef, CheckpointStore, config_differences
 from growpipe.config import RunConfig, apply_overrides, build_config, load_config
 from growpipe.errors import CheckpointError
 

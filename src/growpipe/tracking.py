@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from growpipe.callbacks import RunCallback
 from growpipe.config import RunConfig
+from growpipe.loop.callbacks import RunCallback
 
 MLFLOW_TRACKING_URI = "MLFLOW_TRACKING_URI"
 
@@ -27,14 +27,6 @@ def default_tracking_uri(workdir: str | Path) -> str:
     if env:
         return env
     return f"sqlite:///{(Path(workdir) / 'mlflow.db').resolve()}"
-
-
-def resolve_tracking(cfg: RunConfig) -> RunConfig:
-    """The config with tracking.uri filled in here (the driver), so actors elsewhere log to the same store."""
-    if not cfg.tracking.mlflow or cfg.tracking.uri:
-        return cfg
-    tracking = cfg.tracking.model_copy(update={"uri": default_tracking_uri(cfg.tracking.workdir)})
-    return cfg.model_copy(update={"tracking": tracking})
 
 
 def ui_command(uri: str) -> str:
@@ -143,11 +135,10 @@ class MlflowTracker(RunCallback):
             self.artifact_text("pipeline_trace.json", json.dumps(summary["timeline"]))
 
     def on_final_net(self, net: Any, summary: dict[str, Any]) -> None:
-        from growpipe.checkpoint import save_checkpoint
+        from growpipe.checkpoint import save_net
 
         with tempfile.TemporaryDirectory() as tmp:
-            extra = {"growth": summary["growth"], "epochs": summary["epochs"], "mlflow_run_id": self.run_id}
-            self.artifact_file(save_checkpoint(Path(tmp) / "checkpoint", net, extra), "checkpoint")
+            self.artifact_file(save_net(Path(tmp) / "checkpoint", net, self.cfg, summary, self.run_id), "checkpoint")
 
     def close(self) -> Path | None:
         """Mark the run finished (or failed), make a last try to send; what is still unsent goes to a

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from growpipe.config import OptimSpec, RunConfig
+from growpipe.config import OptimSpec, RuleSettings
 from growpipe.nn.backbones import build_encoder, dummy_input, dummy_side, head_features, output_shape
 from growpipe.nn.macs import count_macs
 from growpipe.nn.packet import Packet
@@ -64,10 +64,10 @@ class Block:
 
     exit_decodes = False
 
-    def __init__(self, spec: BlockSpec, info: InputInfo, cfg: RunConfig):
+    def __init__(self, spec: BlockSpec, info: InputInfo, rule: RuleSettings):
         self.spec = spec
         self.info = info
-        self.seed = cfg.seed
+        self.seed = rule.seed
         self.steps = 0
         self.index = spec.index
         self.modules = nn.ModuleDict({"f": build_encoder(spec.encoder, info)})

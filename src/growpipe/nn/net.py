@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from growpipe.config import GrowStep, RunConfig
+from growpipe.config import GrowStep, NetSpec, RuleSettings
 from growpipe.errors import ShapeError
 from growpipe.nn.backbones import growth_encoder, output_shape, plan_encoders
 from growpipe.nn.block import Block
@@ -16,61 +16,62 @@ from growpipe.nn.packet import Packet
 from growpipe.nn.specs import BlockSpec, InputInfo
 
 
-def plan_blocks(cfg: RunConfig, info: InputInfo) -> list[BlockSpec]:
-    """Specs of the initial blocks: the backbone cut into cfg.net.blocks pieces, exits as the rule wants."""
-    encoders = plan_encoders(cfg.net, info)
-    rule = RULES[cfg.method]
+def plan_blocks(net: NetSpec, method: str, info: InputInfo) -> list[BlockSpec]:
+    """Specs of the initial blocks: the backbone cut into net.blocks pieces, exits as the rule `method` wants."""
+    encoders = plan_encoders(net, info)
+    rule = RULES[method]
     return [
         BlockSpec(i, enc, rule.exit_everywhere or i == len(encoders) - 1, info.num_classes)
         for i, enc in enumerate(encoders)
     ]
 
 
-def plan_growth_block(cfg: RunConfig, info: InputInfo, last: BlockSpec, step: GrowStep) -> BlockSpec:
+def plan_growth_block(net: NetSpec, info: InputInfo, last: BlockSpec, step: GrowStep) -> BlockSpec:
     """The spec of the block a growth step appends on top of `last`."""
     shape, _ = output_shape(last.encoder, info)
-    enc = growth_encoder(cfg.net, info, last.encoder, shape, step)
+    enc = growth_encoder(net, info, last.encoder, shape, step)
     return BlockSpec(last.index + 1, enc, True, info.num_classes)
 
 
 class GrowableNet:
     """Blocks in order. Block i+1's input shape is block i's output shape (checked on append)."""
 
-    def __init__(self, cfg: RunConfig, info: InputInfo, device: torch.device | str = "cpu"):
-        self.cfg = cfg
+    def __init__(self, rule: RuleSettings, info: InputInfo, device: torch.device | str = "cpu"):
+        self.settings = rule
         self.info = info
-        self.rule = RULES[cfg.method]
+        self.rule = RULES[rule.method]
         self.device = torch.device(device)
         self.blocks: list[Block] = []
 
     # ---- construction -----------------------------------------------------------------------------
     @classmethod
-    def build(cls, cfg: RunConfig, info: InputInfo, device: torch.device | str = "cpu") -> GrowableNet:
-        """The initial net: the backbone cut into cfg.net.blocks blocks."""
-        net = cls(cfg, info, device)
-        for spec in plan_blocks(cfg, info):
-            net.append(build_block(cfg, spec, info))
+    def build(cls, rule: RuleSettings, net_spec: NetSpec, info: InputInfo, device: torch.device | str = "cpu"
+              ) -> GrowableNet:  # fmt: skip
+        """The initial net: the backbone `net_spec` cut into net_spec.blocks blocks."""
+        net = cls(rule, info, device)
+        for spec in plan_blocks(net_spec, rule.method, info):
+            net.append(build_block(rule, spec, info))
         return net
 
     @classmethod
     def from_topology(
         cls,
-        cfg: RunConfig,
+        rule: RuleSettings,
         info: InputInfo,
         topology: list[dict[str, Any]],
         device: torch.device | str = "cpu",
     ) -> GrowableNet:
         """Rebuild a net (fresh weights) from `topology()` output."""
-        net = cls(cfg, info, device)
+        net = cls(rule, info, device)
         for d in topology:
-            net.append(build_block(cfg, BlockSpec.from_dict(d), info))
+            net.append(build_block(rule, BlockSpec.from_dict(d), info))
         return net
 
     @classmethod
-    def from_states(cls, cfg: RunConfig, info: InputInfo, topology: list[dict[str, Any]],
-                    states: list[dict[str, Any]]) -> GrowableNet:  # fmt: skip
+    def from_states(cls, rule: RuleSettings, info: InputInfo, topology: list[dict[str, Any]],
+                    states: list[dict[str, Any]], device: torch.device | str = "cpu") -> GrowableNet:  # fmt: skip
         """Rebuild a trained net from its topology and every block's state (e.g. the stages' final states)."""
-        net = cls.from_topology(cfg, info, topology)
+        net = cls.from_topology(rule, info, topology, device)
         net.load_state_dict({"blocks": states})
         return net
 
@@ -98,15 +99,11 @@ class GrowableNet:
             )
         self.blocks.append(block.to(self.device))
 
-    def plan_growth(self, step: GrowStep) -> BlockSpec:
-        """The spec of the block a growth step would append."""
-        return plan_growth_block(self.cfg, self.info, self.blocks[-1].spec, step)
-
-    def grow(self, step: GrowStep) -> Block:
-        """Append the block a growth step describes; freeze the earlier ones when cfg.grow.freeze."""
-        block = build_block(self.cfg, self.plan_growth(step), self.info)
-        if self.cfg.grow.freeze:
-            self.freeze()
+    def grow(self, net_spec: NetSpec, step: GrowStep) -> Block:
+        """Append the block a growth step describes (on the backbone `net_spec`). Whether the earlier blocks
+        are frozen first is the caller's decision (`freeze`)."""
+        spec = plan_growth_block(net_spec, self.info, self.blocks[-1].spec, step)
+        block = build_block(self.settings, spec, self.info)
         self.append(block)
         return block
 

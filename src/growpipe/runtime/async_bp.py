@@ -18,7 +18,6 @@ weights its gradient is applied to.
 from __future__ import annotations
 
 import math
-import time
 from typing import Any
 
 import torch
@@ -66,17 +65,30 @@ class AsyncBPStage(BPStage):
     """A BP block for 1F1B: each micro-batch's forward keeps its own weights (stashed or predicted) until
     its backward, whose gradient then updates the live weights at once."""
 
-    def setup(self, spec: Any, info: Any, last: bool, stages: int, spectrain: bool) -> str:
+    def setup(self, spec: Any, info: Any, last: bool, stages: int = 1, spectrain: bool = False) -> str:  # type: ignore[override]
         name = super().setup(spec, info, last)
-        self.ahead = stages - self.index - 1  # updates between a micro-batch's forward and its backward
         self.spectrain = spectrain
-        self.wrapped = _Encode(self._require_block().modules, last)
         self.stale_sum, self.stale_n = 0.0, 0
+        self.set_depth(stages, last)
         return name
+
+    def set_depth(self, stages: int, last: bool) -> None:
+        """The pipeline has `stages` stages (it grew): this stage runs stages-index-1 forwards ahead."""
+        self.ahead = stages - self.index - 1  # updates between a micro-batch's forward and its backward
+        self.last = last
+        self.wrapped = _Encode(self._require_block().modules, last)
+
+    def set_last(self, last: bool) -> None:
+        self.set_depth(self.index + 1 if last else self.index + 2, last)
 
     @busy
     def forward(self, epoch: int, batch: int, upstream: Packet | None = None) -> Packet | None:  # type: ignore[override]
         block = self._require_block()
+        if block.frozen:  # the net grew on top of it: forward only
+            p = self._batch(epoch, batch) if upstream is None else upstream.to(self.device)
+            self.saved[batch] = None
+            self.stats.samples += len(p.y)
+            return block.forward(p)
         block.modules.train()
         opt = block.optimizers["all"]
         weights = {}
@@ -93,13 +105,18 @@ class AsyncBPStage(BPStage):
         s, mask, logits = functional_call(self.wrapped, {f"m.{n}": w for n, w in weights.items()}, (x, p.mask, p.side))
         result = F.cross_entropy(logits, p.y) if self.last else s
         self.saved[batch] = (x_in, result, weights)
-        self.samples += len(p.y)
+        self.stats.samples += len(p.y)
         return None if self.last else Packet(x=s.detach(), y=p.y, mask=mask, side=p.side, index=batch)
 
     @busy
     def backward(self, batch: int, grad: torch.Tensor | None) -> torch.Tensor | None:  # type: ignore[override]
         block = self._require_block()
-        x_in, result, weights = self.saved.pop(batch)
+        saved = self.saved.pop(batch)
+        self.batches += 1
+        self.stats.batches += 1
+        if saved is None:  # frozen
+            return None
+        x_in, result, weights = saved
         if self.last:
             result.backward()
             self.loss_sum += float(result.detach())
@@ -115,7 +132,6 @@ class AsyncBPStage(BPStage):
         opt.step()
         opt.zero_grad(set_to_none=True)
         block.steps += 1
-        self.batches += 1
         return None if x_in is None or x_in.grad is None else x_in.grad.detach().cpu()
 
     def staleness(self) -> float:
@@ -125,9 +141,7 @@ class AsyncBPStage(BPStage):
     def _batch(self, epoch: int, batch: int) -> Packet:
         from growpipe.data.bundle import batch_order
 
-        if self.bundle is None:
-            raise StageError(f"stage {self.index} has no data: stage 0 reads the dataset")
-        split = self.bundle.train
+        split = self._data().train
         _, idx = next(batch_order(len(split), self.cfg.data.batch_size, shuffle=True, seed=self.cfg.seed,
                                   epoch=epoch, start_batch=batch))  # fmt: skip
         return Packet(x=split.x[idx], y=split.y[idx], side={}, index=batch).to(self.device)
@@ -147,11 +161,12 @@ def one_f_one_b_order(stages: int, batches: int) -> list[list[tuple[str, int]]]:
     return orders
 
 
-def submit_epoch(stages: list[Any], epoch: int, batches: int) -> list[Any]:
-    """Submit one epoch of 1F1B to the stage actors (each actor runs its calls in submission order); a
-    call is submitted once the call it depends on has been; returns the last stage's backward refs."""
+def submit_epoch(stages: list[Any], epoch: int, first: int, batches: int) -> list[Any]:
+    """Submit `batches` batches of an epoch from batch `first` on in 1F1B order to the stage actors (each
+    actor runs its calls in submission order); a call is submitted once the call it depends on has been;
+    returns stage 0's backward refs (the last to finish)."""
     k = len(stages)
-    orders = one_f_one_b_order(k, batches)
+    orders = [[(op, first + m) for op, m in ops] for ops in one_f_one_b_order(k, batches)]
     fwd: dict[tuple[int, int], Any] = {}
     bwd: dict[tuple[int, int], Any] = {}
     pos = [0] * k
@@ -173,7 +188,7 @@ def submit_epoch(stages: list[Any], epoch: int, batches: int) -> list[Any]:
                 progressed = True
         if not progressed:
             raise StageError("1F1B schedule deadlocked (a bug in the order)")
-    return [bwd[(0, m)] for m in range(batches)]
+    return [bwd[(0, first + m)] for m in range(batches)]
 
 
 def check_1f1b(cfg: RunConfig, batches: int) -> None:
@@ -183,12 +198,3 @@ def check_1f1b(cfg: RunConfig, batches: int) -> None:
             f"data.batch_size: an epoch has {batches} batch(es) for {cfg.net.blocks} stages; 1F1B needs at least "
             "one micro-batch per stage in flight: lower data.batch_size or use fewer blocks"
         )
-
-
-def run_1f1b_epoch(stages: list[Any], epoch: int, n: int, batch_size: int) -> float:
-    """One epoch; returns seconds."""
-    import ray
-
-    t0 = time.perf_counter()
-    ray.get(submit_epoch(stages, epoch, math.ceil(n / batch_size)))
-    return time.perf_counter() - t0

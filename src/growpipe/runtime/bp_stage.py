@@ -1,9 +1,10 @@
 """A BP block in its own actor for pipelined backpropagation (GPipe): the forward of a micro-batch keeps its
 autograd graph until that micro-batch's backward, which sends the gradient of the block's input upstream.
 
-The driver submits, per mini-batch, every micro-batch's forward, then the backwards in reverse order, then
+The engine submits, per mini-batch, every micro-batch's forward, then the backwards in reverse order, then
 one optimizer step; Ray runs an actor's calls in the order they were submitted and passes outputs between
-actors as ObjectRefs, so stage i works on micro-batch m+1 while stage i+1 works on m.
+actors as ObjectRefs, so stage i works on micro-batch m+1 while stage i+1 works on m. A frozen block (the
+net grew on top of it) only forwards, as in single-process BP.
 """
 
 from __future__ import annotations
@@ -18,16 +19,14 @@ import torch
 import torch.nn.functional as F
 
 from growpipe.config import RunConfig
-from growpipe.data import DataBundle
 from growpipe.data.bundle import batch_order
-from growpipe.device import resolve_device, set_cpu_threads
 from growpipe.errors import StageError
+from growpipe.loop.stats import StageStats
 from growpipe.nn.backbones import head_features
-from growpipe.nn.methods import build_block
 from growpipe.nn.methods.bp import BPBlock
 from growpipe.nn.packet import Packet
 from growpipe.nn.specs import BlockSpec, InputInfo
-from growpipe.runtime.stage_data import DataReader
+from growpipe.runtime.stage_base import StageBase
 
 F_ = TypeVar("F_", bound=Callable[..., Any])
 
@@ -41,7 +40,7 @@ def busy(method: F_) -> F_:
         try:
             return method(self, *args, **kwargs)
         finally:
-            self.busy_s += time.perf_counter() - t0
+            self.stats.busy_s += time.perf_counter() - t0
 
     return timed  # type: ignore[return-value]
 
@@ -51,32 +50,30 @@ def micro_slices(n: int, micro_batches: int) -> list[np.ndarray]:
     return [s for s in np.array_split(np.arange(n), min(micro_batches, n)) if len(s)]
 
 
-class BPStage(DataReader):
+class BPStage(StageBase):
     """One BP block: forward(micro) keeps the graph; backward(micro, grad) returns the input's gradient;
     step() applies the gradients accumulated over the mini-batch (one synchronous update, as GPipe)."""
 
     def __init__(self, index: int, cfg: RunConfig):
-        self.index = index
-        self.cfg = cfg
-        self.device = resolve_device(cfg.device)
-        if self.device.type == "cpu":
-            set_cpu_threads(max(1, int(cfg.runtime.cpus_per_stage)))
-        self.block: BPBlock | None = None
+        super().__init__(index, cfg)
         self.last = False
-        self.bundle: DataBundle | None = None
-        self.saved: dict[int, tuple[torch.Tensor | None, Packet, float]] = {}
+        self.saved: dict[int, Any] = {}
         self.loss_sum = 0.0
         self.batches = 0
-        self.busy_s = 0.0
-        self.samples = 0
+        self.stats = StageStats(index)
 
     def setup(self, spec: BlockSpec, info: InputInfo, last: bool) -> str:
-        block = build_block(self.cfg, spec, info)
+        block = self._build(spec, info)
         if not isinstance(block, BPBlock):
             raise StageError(f"stage {self.index}: pipelined BP needs method bp, got {type(block).__name__}")
-        self.block = block.to(self.device)
+        self.block = block
         self.last = last
+        self.stats.block = type(block).__name__
         return type(block).__name__
+
+    def set_last(self, last: bool) -> None:
+        """Whether this stage ends the net (computes the loss): no longer once a block grew on top of it."""
+        self.last = last
 
     @busy
     def forward(
@@ -89,18 +86,21 @@ class BPStage(DataReader):
             p, x_in = self._micro_batch(epoch, batch, micro), None
         else:
             p = upstream.to(self.device)
-            x_in = p.x.detach().requires_grad_(p.x.is_floating_point())
+            x_in = p.x.detach().requires_grad_(p.x.is_floating_point() and not block.frozen)
             p = Packet(x=x_in, y=p.y, mask=p.mask, side=p.side, index=p.index)
-        out = block.forward_with_grad(p)
+        out = block.forward(p) if block.frozen else block.forward_with_grad(p)
         self.saved[micro] = (x_in, out, share)
-        self.samples += len(p.y)
+        self.stats.samples += len(p.y)
         return None if self.last else out.detached()
 
     @busy
     def backward(self, micro: int, grad: torch.Tensor | None) -> torch.Tensor | None:
-        """Backward of micro-batch `micro` (the last stage starts from the loss); returns d loss / d input."""
+        """Backward of micro-batch `micro` (the last stage starts from the loss); returns d loss / d input
+        (None below a frozen block: nothing there learns)."""
         block = self._require_block()
         x_in, out, share = self.saved.pop(micro)
+        if block.frozen:
+            return None
         if self.last:
             logits = block.modules["cls"](head_features(out.x, out.mask))
             loss = F.cross_entropy(logits, out.y) * share  # shares sum to 1: the mini-batch's mean loss
@@ -116,48 +116,32 @@ class BPStage(DataReader):
     def step(self) -> float | None:
         """One optimizer step with the accumulated gradients; the last stage returns the mini-batch's loss."""
         block = self._require_block()
+        if self.saved:
+            raise StageError(f"stage {self.index}: {len(self.saved)} micro-batch(es) had no backward before step")
+        self.batches += 1
+        self.stats.batches += 1
+        if block.frozen:
+            return None
         opt = block.optimizers["all"]
         opt.step()
         opt.zero_grad(set_to_none=True)
         block.steps += 1
-        self.batches += 1
-        if self.saved:
-            raise StageError(f"stage {self.index}: {len(self.saved)} micro-batch(es) had no backward before step")
         return self.loss_sum if self.last else None
 
-    def epoch_loss(self) -> float:
-        """Mean training loss since the last call (last stage)."""
-        mean = self.loss_sum / max(self.batches, 1)
+    def epoch_stats(self) -> StageStats:
+        """This stage's statistics since the last call (the last stage's mean training loss among them),
+        reset for the next."""
+        stats, self.stats = self.stats, StageStats(self.index, self.stats.block)
+        if self.last and self.batches:
+            stats.loss_sums = {f"b{self._require_block().index}.ce": self.loss_sum}
+            stats.loss_batches = {f"b{self._require_block().index}.ce": self.batches}
         self.loss_sum, self.batches = 0.0, 0
-        return mean
-
-    def stage_stats(self) -> dict[str, Any]:
-        """This stage's busy seconds (forward, backward and optimizer calls) and samples so far."""
-        return {"stage": self.index, "busy_s": round(self.busy_s, 4), "samples": self.samples}
-
-    def state_dict(self) -> dict[str, Any]:
-        from growpipe.runtime.stage import _cpu_copy
-
-        return _cpu_copy(self._require_block().state_dict())
-
-    def evaluate(self, topology: list[dict[str, Any]], info: InputInfo, *states: dict[str, Any]) -> dict[str, Any]:
-        from growpipe.evaluation import evaluate_states
-
-        if self.bundle is None:
-            raise StageError("evaluation runs on stage 0, which holds the data")
-        return evaluate_states(self.cfg, self.bundle, info, topology, list(states), self.device)
+        return stats
 
     def _micro_batch(self, epoch: int, batch: int, micro: int) -> Packet:
-        if self.bundle is None:
-            raise StageError(f"stage {self.index} has no data: stage 0 reads the dataset")
-        split = self.bundle.train
+        split = self._data().train
         order = batch_order(len(split), self.cfg.data.batch_size, shuffle=True, seed=self.cfg.seed, epoch=epoch,
                             start_batch=batch)  # fmt: skip
         _, idx = next(order)
         part = idx[micro_slices(len(idx), self.cfg.runtime.micro_batches)[micro]]
         return Packet(x=split.x[part], y=split.y[part], side={}, index=batch).to(self.device)
-
-    def _require_block(self) -> BPBlock:
-        if self.block is None:
-            raise StageError(f"stage {self.index} has no block yet (setup was not called)")
-        return self.block

@@ -7,7 +7,7 @@ from typing import Any
 
 import ray
 
-from growpipe.errors import PipelineError
+from growpipe.errors import InputError, PipelineError
 from growpipe.runtime import NAMESPACE
 
 
@@ -37,7 +37,7 @@ def find_run(name: str) -> Any:
     except ValueError:
         runs = running_runs()
         there = f"running: {', '.join(runs)}" if runs else "no growpipe run is running there"
-        raise PipelineError(f"--run: no run named {name!r} on this cluster ({there})") from None
+        raise InputError(f"--run: no run named {name!r} on this cluster ({there})") from None
 
 
 def request_growth(name: str, request: dict[str, Any], timeout_s: float = 600.0) -> dict[str, Any]:
@@ -52,5 +52,5 @@ def request_growth(name: str, request: dict[str, Any], timeout_s: float = 600.0)
     except ray.exceptions.RayActorError:
         raise PipelineError(f"run {name!r} ended before it answered") from None
     if "error" in answer:
-        raise PipelineError(answer["error"])
+        raise InputError(answer["error"])
     return answer

@@ -1,16 +1,19 @@
-"""Data-parallel BP through Ray Train: the baseline pipeline papers measure against (method bp,
-runtime.bp_schedule: ddp). The same blocks as one network, replicated on `runtime.ddp_workers` Ray Train
-workers (TorchTrainer; DDP over gloo on CPUs, NCCL on GPUs); each global mini-batch of data.batch_size is
-split evenly across the workers and DDP averages their gradients, so every step is the global batch's.
+"""Data-parallel BP through Ray Train as an Engine (method bp, runtime.bp_schedule: ddp): the baseline the
+pipelines are measured against. The same blocks as one network, replicated on `runtime.ddp_workers` Ray
+Train workers (TorchTrainer; DDP over gloo on CPUs, NCCL on GPUs); each global mini-batch of
+data.batch_size is split evenly across the workers and DDP averages their gradients.
+
+The loop drives the workers through one command queue each (ray.util.queue): open the data, build, train
+an epoch (or up to a batch), grow, evaluate, save, restore, stop. TorchTrainer.fit() runs in a thread of
+the engine's process for as long as the run lasts; rank 0 answers for the replicas.
 """
 
 from __future__ import annotations
 
-import json
+import queue
 import tempfile
+import threading
 import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,148 +21,303 @@ import torch.nn.functional as F
 from torch import nn
 
 from growpipe.config import RunConfig, build_config
+from growpipe.errors import PipelineError
+from growpipe.loop.engine import EpochPart, Poll, Prepared, WorkerLost
+from growpipe.loop.stats import StageStats
 from growpipe.nn.backbones import head_features
+from growpipe.nn.net import GrowableNet
+from growpipe.nn.specs import BlockSpec, InputInfo
+
+REPLY_POLL_S = 1.0
 
 
 class Chain(nn.Module):
-    """Every block's encoder in order, then the last block's classifier: one module for DDP."""
+    """Every block's encoder in order, then the last block's classifier: one module for DDP. Frozen blocks
+    (the net grew on top of them) forward without gradients, as in single-process BP."""
 
     def __init__(self, blocks: list[Any]):
         super().__init__()
-        self.blocks = nn.ModuleList([b.modules for b in blocks])
+        self.encoders = nn.ModuleList([b.modules["f"] for b in blocks])
+        self.frozen = [b.frozen for b in blocks]
+        self.head = blocks[-1].modules["cls"]
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, side: dict) -> torch.Tensor:
-        for m in self.blocks:
-            x, mask = m["f"](x, mask, side)
-        return self.blocks[-1]["cls"](head_features(x, mask))
+        for f, frozen in zip(self.encoders, self.frozen, strict=True):
+            if frozen:
+                with torch.no_grad():
+                    x, mask = f(x, mask, side)
+            else:
+                x, mask = f(x, mask, side)
+        return self.head(head_features(x, mask))
+
+
+class Replica:
+    """One Ray Train worker's copy of the net and its data; each method is one command of the loop."""
+
+    def __init__(self, cfg: RunConfig, rank: int, world: int):
+        self.cfg, self.rank, self.world = cfg, rank, world
+        torch.set_num_threads(max(1, int(cfg.runtime.cpus_per_stage)))
+        self.blocks: list[Any] = []
+        self.model: Any = None
+        self.bundle: Any = None
+        self.info: InputInfo | None = None
+
+    def open(self) -> tuple[InputInfo, str]:
+        from growpipe.data import load_data
+
+        self.bundle = load_data(self.cfg.data)
+        self.info = InputInfo.from_bundle(self.bundle)
+        return self.info, self.bundle.summary()
+
+    def build(self, topology: list[dict[str, Any]]) -> str:
+        from growpipe.nn.methods import build_block
+
+        assert self.info is not None
+        self.blocks = [build_block(self.cfg.rule(), BlockSpec.from_dict(d), self.info) for d in topology]
+        self._wrap()
+        return type(self.blocks[0]).__name__
+
+    def _wrap(self) -> None:
+        import ray.train.torch
+
+        self.model = ray.train.torch.prepare_model(Chain(self.blocks))  # DDP: rank 0's weights broadcast
+
+    def grow(self, spec: dict[str, Any], freeze: bool) -> None:
+        from growpipe.nn.methods import build_block
+
+        assert self.info is not None
+        block = build_block(self.cfg.rule(), BlockSpec.from_dict(spec), self.info)  # seeded: equal everywhere
+        if freeze:
+            for b in self.blocks:
+                b.freeze()
+        self.blocks.append(block)
+        self._wrap()
+
+    def epoch(self, epoch: int, start: int, stop_at: int | None) -> dict[str, Any]:
+        from growpipe.data.bundle import batch_order
+
+        device = next(self.model.parameters()).device
+        split, bs = self.bundle.train, self.cfg.data.batch_size
+        self.model.train()
+        for b in self.blocks:
+            if b.frozen:
+                b.modules.eval()
+        trainable = [b for b in self.blocks if not b.frozen]
+        loss_sum, batches, samples, t0, paused_at = 0.0, 0, 0, time.perf_counter(), None
+        for index, idx in batch_order(len(split), bs, shuffle=True, seed=self.cfg.seed, epoch=epoch,
+                                      start_batch=start):  # fmt: skip
+            if stop_at is not None and index >= stop_at:
+                paused_at = index
+                break
+            mine = idx[self.rank :: self.world]  # this worker's shard of the global mini-batch
+            loss = F.cross_entropy(self.model(split.x[mine].to(device), None, {}), split.y[mine].to(device))
+            for b in trainable:
+                b.optimizers["all"].zero_grad(set_to_none=True)
+            loss.backward()  # DDP averages the gradients of all workers here
+            for b in trainable:
+                b.optimizers["all"].step()
+                b.steps += 1
+            loss_sum += float(loss.detach())
+            batches += 1
+            samples += len(idx)
+        key = f"b{self.blocks[-1].index}.ce"
+        return {"loss": {key: loss_sum}, "batches": batches, "samples": samples, "busy_s": time.perf_counter() - t0,
+                "paused_at": paused_at}  # fmt: skip
+
+    def net(self) -> GrowableNet:
+        assert self.info is not None
+        net = GrowableNet(self.cfg.rule(), self.info)
+        for b in self.blocks:
+            net.append(b)
+        return net
+
+    def evaluate(self) -> dict[str, Any] | None:
+        from growpipe.evaluation import evaluate_net
+
+        return evaluate_net(self.net(), self.bundle, self.cfg.eval) if self.rank == 0 else None
+
+    def checksums(self) -> dict[int, str]:
+        return {b.index: b.checksum() for b in self.blocks}
+
+    def states(self) -> list[dict[str, Any]] | None:
+        from growpipe.runtime.stage_base import cpu_copy
+
+        return [cpu_copy(b.state_dict()) for b in self.blocks] if self.rank == 0 else None
+
+    def save(self, ckpt_dir: str) -> list[dict[str, Any]] | None:
+        from growpipe.checkpoint import block_file
+        from growpipe.prepare import checkpoint_store
+
+        if self.rank:
+            return None
+        store = checkpoint_store(self.cfg)
+        assert store is not None
+        return [store.write_shard(ckpt_dir, {i: s}, block_file(i)) for i, s in enumerate(self.states() or [])]
+
+    def restore(self, ckpt_dir: str, shards: list[dict[str, Any]]) -> None:
+        from growpipe.checkpoint import CheckpointStore
+
+        store = CheckpointStore(self.cfg.checkpoint.uri, self.cfg.name)
+        for b, state in zip(self.blocks, store.load_blocks(ckpt_dir, shards, [b.index for b in self.blocks]),
+                            strict=True):  # fmt: skip
+            b.load_state_dict(state)
+        self._wrap()
 
 
 def _worker_loop(config: dict[str, Any]) -> None:
-    """Runs on every Ray Train worker."""
+    """Runs on every Ray Train worker: answer the engine's commands until it says stop."""
     import ray.train
-    import ray.train.torch
 
-    from growpipe.data import load_data
-    from growpipe.data.bundle import batch_order
-    from growpipe.evaluation import evaluate_states
-    from growpipe.nn.methods import build_block
-    from growpipe.nn.net import plan_blocks
-    from growpipe.nn.specs import InputInfo
-
-    cfg = build_config(config["cfg"], "ddp worker config")
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    torch.set_num_threads(max(1, int(cfg.runtime.cpus_per_stage)))
-    bundle = load_data(cfg.data)
-    info = InputInfo.from_bundle(bundle)
-    specs = plan_blocks(cfg, info)
-    blocks = [build_block(cfg, s, info) for s in specs]  # seeded: the same initial weights on every worker
-    model = ray.train.torch.prepare_model(Chain(blocks))
-    device = next(model.parameters()).device
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
-    split, bs = bundle.train, cfg.data.batch_size
-    history: list[dict[str, Any]] = []
-    for epoch in range(1, cfg.train.epochs + 1):
-        model.train()
-        t0, loss_sum, batches = time.perf_counter(), 0.0, 0
-        for _, idx in batch_order(len(split), bs, shuffle=True, seed=cfg.seed, epoch=epoch):
-            mine = idx[rank::world]  # this worker's shard of the global mini-batch
-            logits = model(split.x[mine].to(device), None, {})
-            loss = F.cross_entropy(logits, split.y[mine].to(device))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()  # DDP averages the gradients of all workers here
-            opt.step()
-            loss_sum += float(loss.detach())
-            batches += 1
-        seconds = time.perf_counter() - t0
-        row: dict[str, Any] = {"epoch": epoch, "loss": loss_sum / max(batches, 1), "seconds": seconds}
-        if rank == 0:
-            states = [
-                {"modules": b.modules.state_dict(), "optimizers": {}, "frozen": False, "steps": 0} for b in blocks
-            ]
-            ev = evaluate_states(cfg, bundle, info, [s.to_dict() for s in specs], states)
-            row["ev"] = ev
-        history.append(row)
-        brief = {"epoch": epoch, "loss": row["loss"], "test_accuracy": row["ev"]["full_accuracy"] if rank == 0 else -1}
-        if rank == 0 and epoch == cfg.train.epochs:  # the weights and the history go in the checkpoint
-            with tempfile.TemporaryDirectory() as tmp:
-                torch.save(states, Path(tmp) / "blocks.pt")
-                (Path(tmp) / "history.json").write_text(json.dumps(history))
-                ray.train.report(brief, checkpoint=ray.train.Checkpoint.from_directory(tmp))
-        else:
-            ray.train.report(brief)
+    commands, replies = config["commands"][rank], config["replies"]
+    replica = Replica(build_config(config["cfg"], "ddp worker config"), rank, world)
+    while True:
+        op, args = commands.get()
+        if op == "stop":
+            replies.put((rank, "ok", None))
+            return
+        try:
+            replies.put((rank, "ok", getattr(replica, op)(*args)))
+        except Exception as e:  # reported to the engine, which fails the run with it
+            replies.put((rank, "error", f"DDP worker {rank}: {type(e).__name__}: {e}"))
 
 
-def train_ddp(
-    cfg: RunConfig, address: str | None = None, progress: Callable[[str], None] | None = print, keep_net: bool = False
-) -> tuple[dict[str, Any], Any]:
-    """Train method bp data-parallel with Ray Train; return the result JSON (and the trained net)."""
-    import ray
-    from ray.train import RunConfig as TrainRunConfig
-    from ray.train import ScalingConfig
-    from ray.train.torch import TorchTrainer
+class DDPEngine:
+    """Method bp data-parallel on Ray Train workers; see the module docstring."""
 
-    from growpipe.data import load_data
-    from growpipe.nn.net import GrowableNet, plan_blocks
-    from growpipe.nn.specs import InputInfo
-    from growpipe.report import epoch_row, format_epoch, summarize
-    from growpipe.runtime.gpipe import check_gpipe
-    from growpipe.runtime.pipeline import connect
-    from growpipe.tracking import resolve_tracking
+    name = "ray-train-ddp"
+    stage_table = False
+    pauses_mid_epoch = False
+    net: GrowableNet | None = None
 
-    check_gpipe(cfg)
-    cfg = resolve_tracking(cfg)
-    owns, dashboard = connect(cfg, address)
-    try:
-        workers = cfg.runtime.ddp_workers or cfg.net.blocks
-        gpus = ray.cluster_resources().get("GPU", 0) > 0 and cfg.runtime.gpus_per_stage != 0
-        if progress:
-            if dashboard:
-                progress(f"ray    dashboard {dashboard}")
-            progress(f"net    bp (data-parallel, Ray Train) on {cfg.net.backbone}: {workers} DDP workers, "
-                     f"global batch {cfg.data.batch_size}")  # fmt: skip
-        with tempfile.TemporaryDirectory(prefix="growpipe-ddp-") as storage:
-            trainer = TorchTrainer(
-                _worker_loop,
-                train_loop_config={"cfg": cfg.model_dump(mode="json")},
-                scaling_config=ScalingConfig(num_workers=workers, use_gpu=gpus,
-                                             resources_per_worker={"CPU": cfg.runtime.cpus_per_stage}),
-                run_config=TrainRunConfig(storage_path=storage, name=cfg.name),
-            )  # fmt: skip
-            result = trainer.fit()
-            with result.checkpoint.as_directory() as d:
-                states = torch.load(Path(d) / "blocks.pt", map_location="cpu", weights_only=True)
-                history = json.loads((Path(d) / "history.json").read_text())
-        bundle = load_data(cfg.data)
-        info = InputInfo.from_bundle(bundle)
-        k = cfg.net.blocks
-        n = len(bundle.train)
-        rows = []
-        for h in history:
-            rows.append(epoch_row(h["epoch"], cfg, k, k, {f"b{k - 1}.ce": h["loss"]}, h["ev"], n, h["seconds"]))
-            if progress:
-                progress(format_epoch(rows[-1]))
-        ev = history[-1]["ev"]
-        summary = summarize(cfg, k, rows, [], ev, sum(h["seconds"] for h in history), n * len(rows))
-        summary.update(runtime="ray-train-ddp", schedule="data-parallel (Ray Train DDP)", workers=workers)
-        topology = [s.to_dict() for s in plan_blocks(cfg, info)]
-        net = GrowableNet.from_states(cfg, info, topology, states)
-        _record(cfg, rows, summary, net, progress)
-        return summary, (net if keep_net else None)
-    finally:
-        if owns:
-            ray.shutdown()
+    def __init__(self, cfg: RunConfig, run_name: str, reserved: Any = None, say: Any = None):
+        self.cfg = cfg
+        self.run_name = run_name
+        self.workers = cfg.runtime.ddp_workers or cfg.net.blocks
+        self.queues: list[Any] = []
+        self.replies: Any = None
+        self.thread: threading.Thread | None = None
+        self.failure: BaseException | None = None
+        self.specs: list[BlockSpec] = []
+        self._storage = tempfile.TemporaryDirectory(prefix="growpipe-ddp-")
+        self._starts = 0
 
+    def open(self, layout: dict[str, Any] | None = None) -> tuple[InputInfo, str]:
+        self._start_trainer()
+        return self._ask("open")
 
-def _record(cfg: RunConfig, rows: list[dict[str, Any]], summary: dict[str, Any], net: Any, progress: Any) -> None:
-    """The run's MLflow record (tracking.mlflow), written once training is over."""
-    from growpipe.callbacks import notify, run_callbacks
+    def _start_trainer(self) -> None:
+        import ray
+        from ray.train import RunConfig as TrainRunConfig
+        from ray.train import ScalingConfig
+        from ray.train.torch import TorchTrainer
+        from ray.util.queue import Queue
 
-    say = progress or (lambda _line: None)
-    callbacks = run_callbacks(cfg, cfg.name, say)
-    notify(callbacks, "on_start", say=say)
-    for row in rows:
-        notify(callbacks, "after_epoch", row, say=say)
-    notify(callbacks, "on_finish", summary, say=say)
-    notify(callbacks, "on_final_net", net, summary, say=say)
-    notify(callbacks, "close", say=say)
+        self.queues = [Queue(actor_options={"num_cpus": 0}) for _ in range(self.workers)]
+        self.replies = Queue(actor_options={"num_cpus": 0})
+        gpus = ray.cluster_resources().get("GPU", 0) > 0 and self.cfg.runtime.gpus_per_stage != 0
+        trainer = TorchTrainer(
+            _worker_loop,
+            train_loop_config={"cfg": self.cfg.model_dump(mode="json"), "commands": self.queues,
+                               "replies": self.replies},
+            scaling_config=ScalingConfig(num_workers=self.workers, use_gpu=gpus,
+                                         resources_per_worker={"CPU": self.cfg.runtime.cpus_per_stage}),
+            run_config=TrainRunConfig(storage_path=self._storage.name, name=f"{self.run_name}-{self._starts}"),
+        )  # fmt: skip
+        self.failure = None
+        self._starts += 1
+
+        def fit() -> None:
+            try:
+                trainer.fit()
+            except BaseException as e:  # the loop learns of it at its next command
+                self.failure = e
+
+        self.thread = threading.Thread(target=fit, name="growpipe-ddp-fit", daemon=True)
+        self.thread.start()
+
+    def _ask(self, op: str, *args: Any) -> Any:
+        """Send a command to every worker and wait for all answers; rank 0's is returned."""
+        for q in self.queues:
+            q.put((op, args))
+        answers: dict[int, Any] = {}
+        while len(answers) < self.workers:
+            try:
+                rank, status, payload = self.replies.get(timeout=REPLY_POLL_S)
+            except queue.Empty:
+                if self.thread is None or not self.thread.is_alive():
+                    why = str(self.failure).splitlines()[0] if self.failure else "the trainer ended"
+                    raise WorkerLost(f"a DDP worker died ({why})") from None
+                continue
+            except Exception as e:  # the queue actor itself is gone
+                raise WorkerLost(f"the DDP command queue is gone ({type(e).__name__})") from None
+            if status == "error":
+                raise PipelineError(payload)
+            answers[rank] = payload
+        return answers[0]
+
+    def build(self, specs: list[BlockSpec], layout: dict[str, Any] | None) -> str:
+        self.specs = list(specs)
+        self._ask("build", [s.to_dict() for s in specs])
+        return (f"bp (data-parallel, Ray Train) on {self.cfg.net.backbone}: {self.workers} DDP workers, "
+                f"global batch {self.cfg.data.batch_size}")  # fmt: skip
+
+    def run_epoch(self, epoch: int, start_batch: int, stop_at: int | None, poll: Poll) -> EpochPart:
+        r = self._ask("epoch", epoch, start_batch, stop_at)
+        stats = StageStats(0, "DDP", samples=r["samples"], batches=r["batches"], busy_s=r["busy_s"],
+                           loss_sums=r["loss"], loss_batches={k: r["batches"] for k in r["loss"]})  # fmt: skip
+        return EpochPart([stats], r["samples"], r["paused_at"])
+
+    def prepare_block(self, spec: BlockSpec) -> Prepared:
+        return Prepared(spec, f"on {self.workers} DDP workers", cacheable=False)  # built by every worker at attach
+
+    def attach_block(self, block: Prepared, freeze: bool) -> None:
+        self._ask("grow", block.spec.to_dict(), freeze)
+        self.specs.append(block.spec)
+
+    def discard_block(self, block: Prepared) -> None:
+        """Nothing was placed."""
+
+    def cache_prefix(self) -> dict[str, Any] | None:
+        return None
+
+    def evaluate(self) -> dict[str, Any]:
+        return self._ask("evaluate")
+
+    def checksums(self) -> dict[int, str]:
+        return self._ask("checksums")
+
+    def save(self, ckpt_dir: str) -> list[dict[str, Any]]:
+        return self._ask("save", ckpt_dir)
+
+    def layout(self) -> dict[str, Any]:
+        return {}
+
+    def restore(self, ckpt_dir: str, shards: list[dict[str, Any]]) -> None:
+        self._ask("restore", ckpt_dir, shards)
+
+    def recover(self, specs: list[BlockSpec], layout: dict[str, Any] | None) -> str:
+        self.stop()
+        self.open(layout)
+        return self.build(specs, layout)
+
+    def final_states(self) -> list[dict[str, Any]]:
+        return self._ask("states")
+
+    def position(self) -> tuple[int, int] | None:
+        return None
+
+    def extras(self) -> dict[str, Any]:
+        return {"schedule": "data-parallel (Ray Train DDP)", "workers": self.workers}
+
+    def stop(self) -> None:
+        if self.thread is not None and self.thread.is_alive():
+            for q in self.queues:
+                q.put(("stop", ()))
+            self.thread.join(timeout=60)
+        self.thread = None
+        for q in [*self.queues, self.replies]:
+            if q is not None:
+                q.shutdown()
+        self.queues, self.replies = [], None

@@ -1,197 +1,178 @@
-"""Pipelined end-to-end backprop on the stage actors (method bp, --runtime ray): GPipe, or asynchronous
-1F1B with weight stashing or SpecTrain (runtime.bp_schedule, see async_bp.py).
+"""Pipelined end-to-end backprop on the stage actors (method bp, --runtime ray) as an Engine: GPipe, or
+asynchronous 1F1B with weight stashing or SpecTrain (runtime.bp_schedule, see async_bp.py).
 
-GPipe:
+GPipe: per mini-batch the engine submits every micro-batch's forward through the stages (stage 0 cuts the
+micro-batches from its own data), the backwards in reverse order (each stage hands the gradient of its input
+upstream), then one optimizer step per stage: one synchronous update per mini-batch, so the weights follow
+single-process BP on the same mini-batches up to float rounding. It pauses between mini-batches.
 
-Per mini-batch the driver submits every micro-batch's forward through the stages (stage 0 cuts the
-micro-batches from its own data), the backwards in reverse order (each stage hands the gradient of its
-input upstream), then one optimizer step per stage: one synchronous update per mini-batch, so the weights
-follow single-process BP on the same mini-batches up to float rounding.
+1F1B submits a whole stretch of mini-batches at once (no flush inside it), so it pauses only where the
+stretch ends: at the end of the epoch or at a batch checkpoint.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-import time
 from collections import deque
-from collections.abc import Callable
 from typing import Any
-
-import ray
-from ray.util.placement_group import remove_placement_group
 
 from growpipe.config import RunConfig
 from growpipe.errors import ConfigError
-from growpipe.nn.net import GrowableNet, plan_blocks
-from growpipe.report import epoch_row, format_epoch, summarize
-from growpipe.runtime.async_bp import AsyncBPStage, check_1f1b, run_1f1b_epoch
+from growpipe.loop.engine import EpochPart, Poll, Prepared
+from growpipe.nn.specs import BlockSpec
+from growpipe.runtime.async_bp import AsyncBPStage, check_1f1b, submit_epoch
 from growpipe.runtime.bp_stage import BPStage, micro_slices
-from growpipe.runtime.placement import in_bundle, make_stage_pg
+from growpipe.runtime.stage_engine import StageEngine
 
 BATCHES_AHEAD = 2
-"""Mini-batches the driver submits before waiting for the oldest one's optimizer steps."""
+"""Mini-batches GPipe submits before waiting for the oldest one's optimizer steps."""
 
 
 def schedule_name(cfg: RunConfig) -> str:
     if cfg.runtime.bp_schedule == "gpipe":
         return "GPipe"
+    if cfg.runtime.bp_schedule == "ddp":
+        return "data-parallel (Ray Train DDP)"
     return "1F1B + SpecTrain" if cfg.runtime.spectrain else "1F1B + weight stashing"
 
 
-def check_gpipe(cfg: RunConfig) -> None:
-    """What BP on Ray does not run: growth (BP retrains everything) and a config that is not bp."""
+def check_bp(cfg: RunConfig) -> None:
+    """What BP on Ray needs of a config, checked before Ray starts."""
     if cfg.method != "bp":
-        raise ConfigError(f"method: GPipe pipelines end-to-end BP; got {cfg.method!r}")
-    if cfg.grow.policy() != "none":
-        raise ConfigError("grow: growth on the Ray runtime is for the local-learning rules; drop grow.* for method bp")
+        raise ConfigError(f"method: pipelined BP trains method bp end to end; got {cfg.method!r}")
+    if cfg.runtime.bp_schedule == "1f1b" and cfg.data.limit_train:  # at most this many batches
+        check_1f1b(cfg, math.ceil(cfg.data.limit_train / cfg.data.batch_size))
 
 
-class GPipeRun:
-    """One GPipe run: stage actors in a placement group, micro-batched epochs, evaluation on stage 0."""
+class BPPipelineEngine(StageEngine):
+    """Method bp pipelined over one stage actor per block; see the module docstring."""
 
-    def __init__(self, cfg: RunConfig):
-        check_gpipe(cfg)
-        self.cfg = cfg
-        self.pg: Any = None
-        self.stages: list[Any] = []
-        self.info: Any = None
-        self.topology: list[dict[str, Any]] = []
+    def __init__(self, cfg: RunConfig, *args: Any, **kwargs: Any):
+        super().__init__(cfg, *args, **kwargs)
+        self.one_f_one_b = cfg.runtime.bp_schedule == "1f1b"
+        self.actor_class = AsyncBPStage if self.one_f_one_b else BPStage
+        self.name = f"ray-{cfg.runtime.bp_schedule}"
+        self.pauses_mid_epoch = not self.one_f_one_b
+        self.n = 0
+        self._position = (0, 0)
 
-    def start(self) -> tuple[int, str]:
-        cfg = self.cfg
-        k = cfg.net.blocks
-        self.pg = make_stage_pg(cfg, k, cfg.runtime.placement)
-        one_f_one_b = cfg.runtime.bp_schedule == "1f1b"
-        actor = ray.remote(AsyncBPStage if one_f_one_b else BPStage)
-        self.stages = [in_bundle(actor, cfg, self.pg, i).remote(i, cfg) for i in range(k)]
-        self.info, summary = ray.get(self.stages[0].load_data.remote())
-        n = ray.get(self.stages[0].train_size.remote())
-        if one_f_one_b:  # the dataset's own size (stage 0 read it), below data.limit_train or without it
-            check_1f1b(cfg, math.ceil(n / cfg.data.batch_size))
-        specs = plan_blocks(cfg, self.info)
-        self.topology = [s.to_dict() for s in specs]
-        extra = (k, cfg.runtime.spectrain) if one_f_one_b else ()
-        ray.get(
-            [
-                st.setup.remote(sp, self.info, i == k - 1, *extra)
-                for i, (st, sp) in enumerate(zip(self.stages, specs, strict=True))
-            ]
-        )
-        return n, summary
+    def build(self, specs: list[BlockSpec], layout: dict[str, Any] | None) -> str:
+        if any((layout or {}).get("hosts") or []):
+            raise ConfigError("grow.on_no_capacity: pack is for the local-learning pipeline, not for method bp")
+        for i in range(1, len(specs)):
+            self.slots.append(self._launch_in_shared(i))
+        self.n = self._get(self.slots[0].handle.train_size.remote(), "counting the training samples")
+        if self.one_f_one_b:  # the dataset's own size (stage 0 read it), below data.limit_train or without it
+            check_1f1b(self.cfg, math.ceil(self.n / self.cfg.data.batch_size))
+        self._setup_all(specs)
+        k, cfg = len(specs), self.cfg
+        how = (f"{cfg.runtime.micro_batches} micro-batches per mini-batch" if not self.one_f_one_b
+               else "an update per mini-batch, no flush")  # fmt: skip
+        return f"bp ({schedule_name(cfg)}) on {cfg.net.backbone}: {k} stage actors, {how}"
 
-    def epoch(self, epoch: int, n: int) -> tuple[float, float]:
-        """One epoch of mini-batches; returns (mean training loss, seconds)."""
-        if self.cfg.runtime.bp_schedule == "1f1b":
-            seconds = run_1f1b_epoch(self.stages, epoch, n, self.cfg.data.batch_size)
-            return ray.get(self.stages[-1].epoch_loss.remote()), seconds
+    def _setup_all(self, specs: list[BlockSpec]) -> None:
+        k = len(specs)
+        for slot, spec in zip(self.slots, specs, strict=True):
+            slot.spec = spec
+        extra = (k, self.cfg.runtime.spectrain) if self.one_f_one_b else ()
+        refs = [s.handle.setup.remote(s.spec, self.info, i == k - 1, *extra) for i, s in enumerate(self.slots)]
+        for slot, name in zip(self.slots, self._get_all(refs, "building the blocks"), strict=True):
+            slot.block_name = name
+
+    # ---- epochs ---------------------------------------------------------------------------------------
+    def run_epoch(self, epoch: int, start_batch: int, stop_at: int | None, poll: Poll) -> EpochPart:
+        bs = self.cfg.data.batch_size
+        total = math.ceil(self.n / bs)
+        end = total if stop_at is None else min(stop_at, total)
+        self._position = (start_batch, total)
+        if self.one_f_one_b and end > start_batch:
+            refs = submit_epoch([s.handle for s in self.slots], epoch, start_batch, end - start_batch)
+            self._wait_long(refs[-1])
+            self._get_all(refs, "a 1F1B epoch")  # all done: surfaces an error of any of them
+            self._position = (end, total)
+            paused_at = None if end >= total else end
+        elif self.one_f_one_b:
+            paused_at = None if end >= total else end
+        else:
+            paused_at = self._gpipe(epoch, start_batch, end, total, poll)
+        stats = self._get_all([s.handle.epoch_stats.remote() for s in self.slots], "collecting the stage statistics")
+        done = (total if paused_at is None else paused_at) - start_batch
+        samples = min(self.n, (start_batch + done) * bs) - start_batch * bs
+        return EpochPart(stats, samples, paused_at)
+
+    def _gpipe(self, epoch: int, start: int, end: int, total: int, poll: Poll) -> int | None:
         bs, m_batches = self.cfg.data.batch_size, self.cfg.runtime.micro_batches
+        stages = [s.handle for s in self.slots]
         pending: deque[list[Any]] = deque()
-        t0 = time.perf_counter()
-        for b in range(math.ceil(n / bs)):
-            size = min(bs, n - b * bs)
+        paused_at = None
+        for b in range(start, end):
+            if poll():
+                paused_at = b
+                break
+            size = min(bs, self.n - b * bs)
             shares = [len(part) / size for part in micro_slices(size, m_batches)]
             for m, share in enumerate(shares):
-                ref = self.stages[0].forward.remote(epoch, b, m, share)
-                for st in self.stages[1:]:
+                ref = stages[0].forward.remote(epoch, b, m, share)
+                for st in stages[1:]:
                     ref = st.forward.remote(epoch, b, m, share, ref)
             for m in reversed(range(len(shares))):
-                grad = self.stages[-1].backward.remote(m, None)
-                for st in reversed(self.stages[:-1]):
+                grad = stages[-1].backward.remote(m, None)
+                for st in reversed(stages[:-1]):
                     grad = st.backward.remote(m, grad)
-            pending.append([st.step.remote() for st in self.stages])
+            pending.append([st.step.remote() for st in stages])
             if len(pending) > BATCHES_AHEAD:
-                ray.get(pending.popleft())
+                self._get_all(pending.popleft(), "an optimizer step")
+            self._position = (b, total)
         while pending:
-            ray.get(pending.popleft())
-        seconds = time.perf_counter() - t0
-        return ray.get(self.stages[-1].epoch_loss.remote()), seconds
+            self._get_all(pending.popleft(), "an optimizer step")
+        if paused_at is None and end < total:
+            paused_at = end
+        self._position = (paused_at if paused_at is not None else total, total)
+        return paused_at
 
-    def staleness(self) -> list[float] | None:
-        """1F1B: per stage, the mean distance between the weights used and the weights updated."""
-        if self.cfg.runtime.bp_schedule != "1f1b":
-            return None
-        return ray.get([st.staleness.remote() for st in self.stages])
+    def position(self) -> tuple[int, int] | None:
+        return self._position
 
-    def stage_stats(self) -> list[dict[str, Any]]:
-        """Per stage: busy seconds and samples so far."""
-        return ray.get([st.stage_stats.remote() for st in self.stages])
+    # ---- growth ---------------------------------------------------------------------------------------
+    def prepare_block(self, spec: BlockSpec) -> Prepared:
+        slot = self._launch_for_growth(spec.index)
+        slot.spec = spec
+        extra = (len(self.slots) + 1, self.cfg.runtime.spectrain) if self.one_f_one_b else ()
+        try:
+            slot.block_name = self._get(slot.handle.setup.remote(spec, self.info, True, *extra), "building the block")
+        except Exception:
+            self._discard(slot)
+            raise
+        return Prepared(spec, f"stage actor {spec.index} ({slot.block_name})", slot, cacheable=False,
+                        extra={"stage": f"{self.run_name}/stage{spec.index}", "packed": False})  # fmt: skip
 
-    def states(self) -> list[dict[str, Any]]:
-        return ray.get([st.state_dict.remote() for st in self.stages])
+    def attach_block(self, block: Prepared, freeze: bool) -> None:
+        if freeze:
+            self._get_all([s.handle.freeze.remote(s.index) for s in self.slots], "freezing the earlier stages")
+        self.slots.append(block.handle)
+        k = len(self.slots)
+        if self.one_f_one_b:  # every stage now runs one more forward ahead
+            refs = [s.handle.set_depth.remote(k, i == k - 1) for i, s in enumerate(self.slots)]
+        else:
+            refs = [self.slots[-2].handle.set_last.remote(False)]
+        self._get_all(refs, "rewiring the stages")
 
-    def evaluate(self) -> dict[str, Any]:
-        return ray.get(self.stages[0].evaluate.remote(self.topology, self.info, *self.states()))
+    def cache_prefix(self) -> dict[str, Any] | None:
+        return None  # BP's frozen stages forward every batch (no prefix cache for pipelined BP)
 
-    def final_net(self) -> GrowableNet:
-        return GrowableNet.from_states(self.cfg, self.info, self.topology, self.states())
+    def recover(self, specs: list[BlockSpec], layout: dict[str, Any] | None) -> str:
+        old = self.slots
+        self._kill_all()
+        for slot in old[len(specs) :]:
+            self._discard(slot)
+        self.slots = [self._launch(i, o.pg, o.bundle, o.owns_pg) for i, o in enumerate(old[: len(specs)])]
+        self._get(self.slots[0].handle.load_data.remote(), "stage 0 loading the data again")
+        self._setup_all(specs)
+        return f"{len(specs)} stage actors"
 
-    def stop(self) -> None:
-        for st in self.stages:
-            with contextlib.suppress(Exception):
-                ray.kill(st, no_restart=True)
-        if self.pg is not None:
-            with contextlib.suppress(Exception):
-                remove_placement_group(self.pg)
-
-
-def train_gpipe(
-    cfg: RunConfig, address: str | None = None, progress: Callable[[str], None] | None = print, keep_net: bool = False
-) -> tuple[dict[str, Any], GrowableNet | None]:
-    """Train method bp with GPipe on stage actors; return the result JSON (and the trained net)."""
-    from growpipe.callbacks import notify, run_callbacks
-    from growpipe.runtime.pipeline import connect
-    from growpipe.tracking import resolve_tracking
-
-    check_gpipe(cfg)
-    if cfg.runtime.bp_schedule == "ddp":
-        raise ConfigError(
-            "runtime.bp_schedule: ddp is data-parallel, not a pipeline; use growpipe.runtime.ddp.train_ddp"
-        )
-    if cfg.runtime.bp_schedule == "1f1b" and cfg.data.limit_train:  # at most this many batches: refuse before Ray
-        check_1f1b(cfg, math.ceil(cfg.data.limit_train / cfg.data.batch_size))
-    cfg = resolve_tracking(cfg)
-    owns, dashboard = connect(cfg, address)
-    run = GPipeRun(cfg)
-    say = progress or (lambda _line: None)
-    callbacks = run_callbacks(cfg, cfg.name, say)  # MLflow, as for the other runtimes
-    try:
-        if progress and dashboard:
-            progress(f"ray    dashboard {dashboard}")
-        n, data = run.start()
-        k = cfg.net.blocks
-        if progress:
-            progress(f"data   {data}")
-            progress(f"net    bp ({schedule_name(cfg)}) on {cfg.net.backbone}: {k} stage actors, "
-                     + (f"{cfg.runtime.micro_batches} micro-batches per mini-batch" if cfg.runtime.bp_schedule ==
-                        "gpipe" else "an update per mini-batch, no flush"))  # fmt: skip
-        notify(callbacks, "on_start", say=say)
-        history: list[dict[str, Any]] = []
-        train_seconds, ev = 0.0, None
-        for epoch in range(1, cfg.train.epochs + 1):
-            loss, seconds = run.epoch(epoch, n)
-            train_seconds += seconds
-            ev = run.evaluate()
-            row = epoch_row(epoch, cfg, k, k, {f"b{k - 1}.ce": loss}, ev, n, seconds)
-            history.append(row)
-            if progress:
-                progress(format_epoch(row))
-            notify(callbacks, "after_epoch", row, say=say)
-        assert ev is not None
-        summary = summarize(cfg, k, history, [], ev, train_seconds, n * len(history))
-        summary.update(runtime=f"ray-{cfg.runtime.bp_schedule}", schedule=schedule_name(cfg),
-                       micro_batches=cfg.runtime.micro_batches, staleness=run.staleness(),
-                       stage_busy=run.stage_stats())  # fmt: skip
-        net = run.final_net() if keep_net or callbacks else None
-        notify(callbacks, "on_finish", summary, say=say)
-        if net is not None:
-            notify(callbacks, "on_final_net", net, summary, say=say)
-        return summary, (net if keep_net else None)
-    except Exception as e:
-        notify(callbacks, "on_error", str(e).splitlines()[0] if str(e) else type(e).__name__, say=say)
-        raise
-    finally:
-        notify(callbacks, "close", say=say)
-        run.stop()
-        if owns:
-            ray.shutdown()
+    def extras(self) -> dict[str, Any]:
+        staleness = None
+        if self.one_f_one_b:
+            staleness = self._get_all([s.handle.staleness.remote() for s in self.slots], "reading the staleness")
+        micro = self.cfg.runtime.micro_batches
+        return {**super().extras(), "schedule": schedule_name(self.cfg), "micro_batches": micro, "staleness": staleness}

@@ -1,5 +1,5 @@
-"""Driver-side handle of a Ray pipeline run: connect to (or start) Ray, launch the controller, follow its
-progress, return the result, clean up."""
+"""Driver-side handle of a run on Ray (any method: the controller picks the engine): connect to (or start)
+Ray, launch the controller, follow its progress, return the result, clean up."""
 
 from __future__ import annotations
 
@@ -7,29 +7,18 @@ import contextlib
 import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import ray
 
-from growpipe.checkpoint_store import CheckpointRef
 from growpipe.config import RunConfig
-from growpipe.errors import ConfigError, PipelineError
+from growpipe.errors import InputError, PipelineError
+from growpipe.prepare import resolve_paths
 from growpipe.progress import EpochBar
 from growpipe.runtime import NAMESPACE
 from growpipe.runtime.controller import launch_controller, logical_cpus_needed
-from growpipe.tracking import resolve_tracking
 
 POLL_S = 0.5
-
-
-def check_runtime_supports(cfg: RunConfig) -> None:
-    """Refuse, before anything starts, what the local-learning pipeline does not run."""
-    if cfg.method == "bp":
-        raise ConfigError(
-            "method: bp trains end to end: it runs on Ray as GPipe (growpipe train, or "
-            "growpipe.runtime.gpipe.train_gpipe), not in this pipeline; or use --runtime local"
-        )
 
 
 def connect(cfg: RunConfig, address: str | None = None, cpus: int | None = None) -> tuple[bool, str | None]:
@@ -55,15 +44,6 @@ def connect(cfg: RunConfig, address: str | None = None, cpus: int | None = None)
     return True, _url(ctx.dashboard_url)
 
 
-def resolve_checkpoints(cfg: RunConfig) -> RunConfig:
-    """checkpoint.uri as an absolute path when it is a local one (actors may run in another directory)."""
-    uri = cfg.checkpoint.uri
-    if "://" in uri or Path(uri).is_absolute():
-        return cfg
-    ck = cfg.checkpoint.model_copy(update={"uri": str(Path(uri).resolve())})
-    return cfg.model_copy(update={"checkpoint": ck})
-
-
 def _url(address: str | None) -> str | None:
     if not address:
         return None
@@ -79,10 +59,10 @@ class Pipeline:
         address: str | None = None,
         run_name: str | None = None,
         reserved: tuple[Any, int] | None = None,
-        resume: CheckpointRef | None = None,
+        resume: str | None = None,
     ):
         """`reserved` = (placement group, first bundle) to place the stages in, e.g. a Tune trial's;
-        `resume`: the checkpoint to continue from (see growpipe.resume.plan_resume)."""
+        `resume`: the checkpoint directory to continue from (see growpipe.resume.plan_resume)."""
         self.cfg = cfg
         self.resume = resume
         self.address = address
@@ -94,8 +74,7 @@ class Pipeline:
 
     def start(self) -> Pipeline:
         """Connect to Ray and launch the controller (refuses a second live run with the same name)."""
-        check_runtime_supports(self.cfg)
-        self.cfg = resolve_checkpoints(resolve_tracking(self.cfg))  # paths from here: actors may run elsewhere
+        self.cfg = resolve_paths(self.cfg)  # paths from here: actors may run elsewhere
         self._owns_ray, self.dashboard_url = connect(self.cfg, self.address)
         try:
             ray.get_actor(self.run_name, namespace=NAMESPACE)
@@ -103,9 +82,7 @@ class Pipeline:
             pass
         else:
             self.stop()
-            raise PipelineError(
-                f"a run named {self.run_name!r} is already running on this cluster; set name: to another"
-            )
+            raise InputError(f"a run named {self.run_name!r} is already running on this cluster; set name: to another")
         self.controller = launch_controller(self.cfg, self.run_name, self.reserved, self.resume)
         return self
 
@@ -138,7 +115,7 @@ class Pipeline:
         self._drain(seen, progress)
         self._report_rows(rows, on_epoch)
         if "error" in result:
-            raise PipelineError(result["error"])
+            raise (InputError if result.get("bad_input") else PipelineError)(result["error"])
         return result
 
     def _report_rows(self, since: int, on_epoch: Callable[[dict[str, Any]], None] | None) -> int:
@@ -165,7 +142,7 @@ class Pipeline:
         final = ray.get(self.controller.final_state.remote(), timeout=60)
         if final is None:
             raise PipelineError("the run has not finished; call train() first")
-        return GrowableNet.from_states(self.cfg, final["info"], final["topology"], final["states"])
+        return GrowableNet.from_states(self.cfg.rule(), final["info"], final["topology"], final["states"])
 
     def _drain(self, seen: int, progress: Callable[[str], None] | None) -> int:
         try:
@@ -194,18 +171,3 @@ class Pipeline:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def train_ray(
-    cfg: RunConfig,
-    address: str | None = None,
-    progress: Callable[[str], None] | None = print,
-    keep_net: bool = False,
-    bar: EpochBar | None = None,
-    resume: CheckpointRef | None = None,
-) -> tuple[dict[str, Any], Any]:
-    """Train on Ray (from checkpoint `resume` when given); return the result JSON and (with keep_net) the
-    trained net rebuilt in this process."""
-    with Pipeline(cfg, address, resume=resume) as p:
-        result = p.train(progress, bar=bar)
-        return result, (p.final_net() if keep_net else None)

@@ -18,76 +18,38 @@ from collections import deque
 from typing import Any
 
 import ray
-import torch
 
 from growpipe import envvars
-from growpipe.checkpoint_store import CheckpointStore
 from growpipe.config import RunConfig
-from growpipe.data import DataBundle, iterate_batches
-from growpipe.device import resolve_device, set_cpu_threads
+from growpipe.data import iterate_batches
 from growpipe.errors import StageError, StageLostError
+from growpipe.loop.stats import StageStats
 from growpipe.nn.block import Block
-from growpipe.nn.methods import build_block
 from growpipe.nn.packet import Packet
 from growpipe.nn.specs import BlockSpec, InputInfo
 from growpipe.runtime.prefix_cache import PrefixCache
-from growpipe.runtime.stage_data import DataReader
+from growpipe.runtime.stage_base import StageBase
 
 
-class StageStats:
-    """Where a stage's time goes between two `flush` calls (one epoch)."""
-
-    def __init__(self) -> None:
-        self.samples = 0
-        self.batches = 0
-        self.busy_s = 0.0
-        self.wait_input_s = 0.0
-        self.blocked_s = 0.0
-        self.hops_ms: list[float] = []
-        self.max_inflight = 0
-        self.loss_sums: dict[str, float] = {}
-        self.events: list[dict[str, Any]] = []
-        self.last_end: float | None = None
-
-    def as_dict(self, index: int, block: str) -> dict[str, Any]:
-        hops = sorted(self.hops_ms)
-        return {
-            "stage": index,
-            "block": block,
-            "samples": self.samples,
-            "batches": self.batches,
-            "busy_s": self.busy_s,
-            "wait_input_s": self.wait_input_s,
-            "blocked_s": self.blocked_s,
-            "hop_ms_median": hops[len(hops) // 2] if hops else None,
-            "hops": len(hops),
-            "max_inflight": self.max_inflight,
-            "loss": {k: v / max(self.batches, 1) for k, v in self.loss_sums.items()},
-            "events": self.events,
-        }
-
-
-class Stage(DataReader):
+class Stage(StageBase):
     """One block in its own actor: trains on packets from upstream and pushes its output downstream."""
 
+    CONCURRENCY_GROUPS = {"control": 1}
+    """position() and request_pause() answer while run_epoch is busy."""
+
     def __init__(self, index: int, cfg: RunConfig):
-        self.index = index
-        self.cfg = cfg
+        super().__init__(index, cfg)
         self.window = cfg.runtime.window
         self.group = cfg.runtime.packets_per_call
         self.timeout_s = cfg.runtime.stage_timeout_s
-        self.device = resolve_device(cfg.device)
-        if self.device.type == "cpu":
-            set_cpu_threads(max(1, int(cfg.runtime.cpus_per_stage)))
-        self.block: Block | None = None
-        self.packed: list[Block] = []  # blocks packed into this actor after its own (grow.on_no_capacity: pack)
-        self.bundle: DataBundle | None = None
+        self.staged: dict[int, Block] = {}  # packed blocks built, not attached yet
         self.downstream: Any = None
         self.inflight: deque[tuple[Any, int]] = deque()  # (call ref, packets in it)
         self.inflight_packets = 0
         self.pending: list[Packet] = []  # outputs not sent yet (fewer than packets_per_call)
         self.recording = False
-        self.stats = StageStats()
+        self.stats = StageStats(index)
+        self.last_end: float | None = None  # when the previous packet was done (within one flush)
         self.packets_seen = 0
         self._pause = threading.Event()
         self._position = (0, 0)  # (batches done, batches in the epoch) of the running run_epoch
@@ -99,80 +61,45 @@ class Stage(DataReader):
 
     # ---- control ------------------------------------------------------------------------------------
 
-    def setup(self, spec: BlockSpec, info: InputInfo, state: dict[str, Any] | None = None) -> str:
-        """Build this stage's block (same seed as the reference trainer) and optionally load its state.
-        A stage that has its block already takes the new one on top of it, in the same actor (packing)."""
-        block = build_block(self.cfg, spec, info)
-        if state is not None:
-            block.load_state_dict(state)
-        block.to(self.device)
+    def setup(self, spec: BlockSpec, info: InputInfo) -> str:
+        """Build this stage's block (same seed as the reference trainer). A stage that has its block already
+        builds the new one to run after it, in the same actor (packing), once `attach_packed` is called."""
+        block = self._build(spec, info)
         if self.block is None:
             self.block = block
         else:
-            self.packed.append(block)
+            self.staged[block.index] = block
         return type(block).__name__
+
+    def attach_packed(self, index: int) -> None:
+        """From the next packet on, a staged block trains on this stage's output (after the packed ones)."""
+        self.packed.append(self.staged.pop(index))
+
+    def drop_staged(self, index: int) -> None:
+        """Forget a staged block that will not be attached."""
+        self.staged.pop(index, None)
 
     def set_downstream(self, handle: Any) -> None:
         """The next stage's actor handle (None for the last stage)."""
         self.downstream = handle
 
-    def freeze(self, index: int | None = None) -> None:
-        """Stop learning: the block (default: this stage's own) only forwards from now on."""
-        self._block(index).freeze()
-
-    def checksum(self, index: int | None = None) -> str:
-        """SHA-256 of a block's weights (to check that a frozen block stayed bit-identical)."""
-        return self._block(index).checksum()
-
-    def state_dict(self, index: int | None = None) -> dict[str, Any]:
-        """A CPU copy of a block's modules and optimizer state (the live block stays on its device);
-        `index`: the block (default: this stage's own)."""
-        return _cpu_copy(self._block(index).state_dict())
-
-    def save_shard(self, ckpt_dir: str, index: int | None = None) -> str:
-        """Write a block's state into checkpoint `ckpt_dir` (file stage-INDEX.pt); return its SHA-256."""
-        block = self._block(index)
-        return self._store().write_shard(ckpt_dir, block.index, _cpu_copy(block.state_dict()))
-
-    def restore(self, ckpt_dir: str, sha256: str, index: int | None = None) -> None:
-        """Load a block's state from checkpoint `ckpt_dir` (hash-checked, weights_only)."""
-        block = self._block(index)
-        block.load_state_dict(self._store().load_shard(ckpt_dir, block.index, sha256))
-        block.to(self.device)
-
-    def _blocks(self) -> list[Block]:
-        return [self._require_block(), *self.packed]
-
-    def _block(self, index: int | None) -> Block:
-        if index is None:
-            return self._require_block()
-        for block in self._blocks():
-            if block.index == index:
-                return block
-        raise StageError(f"stage {self.index} does not hold block {index}")
-
-    def _store(self) -> CheckpointStore:
-        return CheckpointStore(self.cfg.checkpoint.uri, self.cfg.name, self.cfg.checkpoint.keep)
-
     # ---- the per-batch path -------------------------------------------------------------------------
     def run_epoch(
         self, epoch: int, side_groups: tuple[str, ...], start_batch: int = 0, stop_at: int | None = None
-    ) -> dict[str, Any]:
+    ) -> tuple[StageStats, int | None]:
         """The source stage (stage 0 with the data, or the one holding the prefix cache): stream one
         epoch of training batches (from `start_batch` on, stopping before batch `stop_at`) through the pipeline.
 
-        Returns this stage's stats; `paused_at` is the batch it stopped before when `request_pause` came
+        Returns this stage's stats and `paused_at`: the batch it stopped before when `request_pause` came
         or `stop_at` was reached (None when the epoch ran to its end). Everything sent before has been taken
         downstream.
         """
         bs, seed = self.cfg.data.batch_size, self.cfg.seed
         if self.cache is not None:
             batches = self.cache.packets(bs, seed, epoch, start_batch)
-        elif self.bundle is not None:
-            batches = iterate_batches(self.bundle.train, bs, shuffle=True, seed=seed, epoch=epoch,
-                                      side_groups=side_groups, start_batch=start_batch)  # fmt: skip
         else:
-            raise StageError(f"stage {self.index} has no data: stage 0 reads the dataset, a cache holder its cache")
+            batches = iterate_batches(self._data().train, bs, shuffle=True, seed=seed, epoch=epoch,
+                                      side_groups=side_groups, start_batch=start_batch)  # fmt: skip
         paused_at = None
         self._pause.clear()  # a pause asked for after the previous call had ended is moot
         n = self.cache.n if self.cache is not None else len(self.bundle.train)  # type: ignore[union-attr]
@@ -189,7 +116,7 @@ class Stage(DataReader):
             self._process(p.to(self.device))
             self._position = (p.index + 1, self._position[1])
         self._pause.clear()
-        return {**self.flush(), "paused_at": paused_at}
+        return self.flush(), paused_at
 
     @ray.method(concurrency_group="control")
     def position(self) -> tuple[int, int]:
@@ -209,14 +136,14 @@ class Stage(DataReader):
             self._take_cache_packets(packets)
             return
         start = time.time()
-        if self.stats.last_end is not None:
-            free_at = max(sent_at, self.stats.last_end)
+        if self.last_end is not None:
+            free_at = max(sent_at, self.last_end)
             self.stats.hops_ms.append(max(0.0, (start - free_at) * 1000.0))
-            self.stats.wait_input_s += max(0.0, start - self.stats.last_end)
+            self.stats.wait_input_s += max(0.0, start - self.last_end)
         for p in packets:
             self._process(p.to(self.device))
 
-    def flush(self) -> dict[str, Any]:
+    def flush(self) -> StageStats:
         """Wait until everything sent downstream has been taken; return and reset this stage's stats."""
         t0 = time.perf_counter()
         if self.pending:
@@ -224,8 +151,10 @@ class Stage(DataReader):
         while self.inflight:
             self._wait_oldest()
         self.stats.blocked_s += time.perf_counter() - t0
-        out = self.stats.as_dict(self.index, type(self.block).__name__ if self.block else "?")
-        self.stats = StageStats()
+        out = self.stats
+        out.block = type(self.block).__name__ if self.block else "?"
+        self.stats = StageStats(self.index)
+        self.last_end = None
         self.recording = False
         self._sending_cache = False
         return out
@@ -242,9 +171,10 @@ class Stage(DataReader):
             if self.packets_seen == self.fault_step:
                 raise RuntimeError(f"injected failure ({envvars.GROWPIPE_FAULT_AT})")
             out, metrics = block.train_step(p)
+            metrics = {f"b{block.index}.{k}": v for k, v in metrics.items()}
             for extra in self.packed:  # blocks packed into this actor train on its output, in order
                 out, more = extra.train_step(out)
-                metrics.update({f"@{extra.index}.{k}": v for k, v in more.items()})
+                metrics.update({f"b{extra.index}.{k}": v for k, v in more.items()})
             if self.delay_s:
                 time.sleep(self.delay_s)
         except Exception as e:  # any failure of the block, reported with the stage that hit it
@@ -256,13 +186,12 @@ class Stage(DataReader):
         st.busy_s += t1 - t0
         st.samples += p.batch_size
         st.batches += 1
-        for k, v in metrics.items():
-            st.loss_sums[k] = st.loss_sums.get(k, 0.0) + v
+        st.add_losses(metrics)
         if self.recording:
             st.events.append(_event("train_step", self.index, t0, t1, {"batch": p.index}))
         if self.downstream is not None:
             self._queue(out)
-        st.last_end = time.time()
+        self.last_end = time.time()
 
     def _send(self) -> None:
         """Hand the pending packets to the next stage in one call, first waiting for room in the window."""
@@ -320,12 +249,10 @@ class Stage(DataReader):
 
     def cache_pass(self, side_groups: tuple[str, ...]) -> int:
         """Stage 0: send every training sample, in order, through the frozen stages to the cache holder."""
-        if self.bundle is None:
-            raise StageError(f"stage {self.index} has no data: the cache pass starts at stage 0")
         block = self._require_block()
         self._sending_cache = True
         n = 0
-        for p in iterate_batches(self.bundle.train, self.cfg.data.batch_size, shuffle=False,
+        for p in iterate_batches(self._data().train, self.cfg.data.batch_size, shuffle=False,
                                  side_groups=side_groups):  # fmt: skip
             self._queue(block.forward(p.to(self.device)))
             n += p.batch_size
@@ -366,31 +293,6 @@ class Stage(DataReader):
         self.pending.append(out)
         if len(self.pending) >= self.group:
             self._send()
-
-    def _require_block(self) -> Block:
-        if self.block is None:
-            raise StageError(f"stage {self.index} has no block yet (setup was not called)")
-        return self.block
-
-    # ---- evaluation (stage 0 holds the data) --------------------------------------------------------
-    def evaluate(self, topology: list[dict[str, Any]], info: InputInfo, *states: dict[str, Any]) -> dict[str, Any]:
-        """Rebuild the whole net from every stage's state and evaluate every exit on the test split."""
-        from growpipe.evaluation import evaluate_states
-
-        if self.bundle is None:
-            raise StageError("evaluation runs on stage 0, which holds the data")
-        return evaluate_states(self.cfg, self.bundle, info, topology, list(states), self.device)
-
-
-def _cpu_copy(obj: Any) -> Any:
-    """The same nested structure with every tensor detached and copied to the CPU."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: _cpu_copy(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return type(obj)(_cpu_copy(v) for v in obj)
-    return obj
 
 
 def _event(name: str, stage: int, t0: float, t1: float, args: dict[str, Any] | None = None) -> dict[str, Any]:

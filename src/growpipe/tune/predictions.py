@@ -42,7 +42,7 @@ def compute_exits(checkpoint: str | Path, split: str) -> StoredExits:
     """Run a checkpoint's net once over `split` (val or test) and keep every exit's probabilities."""
     from growpipe.evaluation import load_for_evaluation, split_predictions
 
-    net, bundle = load_for_evaluation(checkpoint)
+    net, bundle, _ = load_for_evaluation(checkpoint)
     return StoredExits(split_predictions(net, bundle, split), net.exit_costs(), split)
 
 

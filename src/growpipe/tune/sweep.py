@@ -179,13 +179,13 @@ def _source_exits(
                 f"source.checkpoint: {ck} is not a checkpoint; train one (growpipe train --save {ck}) "
                 "or set source.train_if_missing: true"
             )
-        from growpipe.checkpoint import save_checkpoint
-        from growpipe.runtime.pipeline import train_ray
+        from growpipe.api import train
+        from growpipe.checkpoint import save_net
 
         cfg = build_config(base, "the source net's config")
         say(f"source {ck} is missing: training {cfg.method} on {cfg.data.name} first")
-        summary, net = train_ray(cfg, address, say, keep_net=True)
-        save_checkpoint(ck, net, {"growth": summary["growth"], "epochs": summary["epochs"]})
+        run = train(cfg, "ray", address, say, keep_net=True)
+        save_net(ck, run.net, cfg, run.result)
     stored = compute_exits(ck, spec.source.split)
     say(f"source {ck}: {len(stored.preds.labels)} {spec.source.split} samples, exits {stored.preds.depths}, "
         f"full-path accuracy {stored.preds.accuracy(stored.preds.depths[-1]):.4f}")  # fmt: skip
@@ -196,11 +196,11 @@ def run_sweep(spec: SweepSpec, address: str | None = None, say: Callable[[str], 
     """Run the sweep to the end; return its summary (best params, metric, best-config path, trials)."""
     from ray import tune
 
+    from growpipe.prepare import resolve_paths
     from growpipe.runtime.pipeline import connect
-    from growpipe.tracking import resolve_tracking
 
     base, cfgs = prepare(spec)
-    base_cfg = resolve_tracking(build_config(base, "base config"))
+    base_cfg = resolve_paths(build_config(base, "base config"))
     base = {**base, "tracking": base_cfg.tracking.model_dump(mode="json")}
     out = spec.out_dir()
     owns = False
@@ -338,10 +338,10 @@ def _finish(
 def _best_config(spec: SweepSpec, base: dict[str, Any], params: dict[str, Any]) -> RunConfig:
     """A run config `growpipe train --config` accepts: the trial's config, tracking fields of the sweep cleared."""
     if spec.kind == "thresholds":
-        from growpipe.checkpoint import read_manifest
+        from growpipe.checkpoint import open_checkpoint
 
         assert spec.source is not None
-        raw = read_manifest(spec.source.checkpoint)["config"]
+        raw = open_checkpoint(spec.source.checkpoint)[2]["config"]
         p = {"eval.thresholds": [float(params["threshold"])]}
         if "eval.confidence" in params:
             p["eval.confidence"] = params["eval.confidence"]

@@ -62,10 +62,10 @@ def train_trial(
         if not save_checkpoint:
             tune.report(final)
             return
-        from growpipe.checkpoint import save_checkpoint as save
+        from growpipe.checkpoint import save_net
 
         with tempfile.TemporaryDirectory() as tmp:
-            save(Path(tmp) / "net", p.final_net(), {"growth": summary["growth"], "epochs": summary["epochs"]})
+            save_net(Path(tmp) / "net", p.final_net(), cfg, summary)
             tune.report(final, checkpoint=tune.Checkpoint.from_directory(str(Path(tmp) / "net")))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from growpipe.config import RunConfig
+from growpipe.config import RuleSettings
 from growpipe.nn.block import Block, block_seed, seeded
 from growpipe.nn.methods.al import ALBlock
 from growpipe.nn.methods.bp import BPBlock
@@ -33,11 +33,11 @@ RULES: dict[str, Rule] = {
 }
 
 
-def build_block(cfg: RunConfig, spec: BlockSpec, info: InputInfo) -> Block:
-    """Instantiate the block `spec` describes under the config's learning rule.
+def build_block(rule: RuleSettings, spec: BlockSpec, info: InputInfo) -> Block:
+    """Instantiate the block `spec` describes under the learning rule `rule`.
 
     Initial weights come from the block's own seed (run seed and index), so a block built alone in a Ray
     actor equals the one the reference trainer builds.
     """
-    with seeded(block_seed(cfg.seed, spec.index)):
-        return RULES[cfg.method].block_class(spec, info, cfg)
+    with seeded(block_seed(rule.seed, spec.index)):
+        return RULES[rule.method].block_class(spec, info, rule)

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from growpipe.config import RunConfig
+from growpipe.config import RuleSettings
 from growpipe.nn.backbones import head_features
 from growpipe.nn.block import Block, make_optimizer
 from growpipe.nn.macs import count_macs
@@ -41,16 +41,16 @@ def autoencoder_loss(recon: torch.Tensor, t_prev: torch.Tensor, y: torch.Tensor,
 class ALBlock(Block):
     exit_decodes = True
 
-    def __init__(self, spec: BlockSpec, info: InputInfo, cfg: RunConfig):
-        super().__init__(spec, info, cfg)
-        code = cfg.al.code_dim
+    def __init__(self, spec: BlockSpec, info: InputInfo, rule: RuleSettings):
+        super().__init__(spec, info, rule)
+        code = rule.al.code_dim
         self.first = spec.index == 0
         label_in = spec.num_classes if self.first else code
-        if cfg.al.bridge_hidden:
+        if rule.al.bridge_hidden:
             bridge = nn.Sequential(
-                nn.Linear(self.head_dim, cfg.al.bridge_hidden),
+                nn.Linear(self.head_dim, rule.al.bridge_hidden),
                 nn.ReLU(),
-                nn.Linear(cfg.al.bridge_hidden, code),
+                nn.Linear(rule.al.bridge_hidden, code),
             )
         else:
             bridge = nn.Linear(self.head_dim, code)
@@ -60,9 +60,9 @@ class ALBlock(Block):
         self.modules["h"] = decoder if self.first else nn.Sequential(decoder, nn.Sigmoid())
         m = self.modules
         self.optimizers = {
-            "fb": make_optimizer([*m["f"].parameters(), *m["b"].parameters()], cfg.train),
+            "fb": make_optimizer([*m["f"].parameters(), *m["b"].parameters()], rule.optim),
             "gh": make_optimizer(
-                [*m["g"].parameters(), *m["h"].parameters()], cfg.train, cfg.train.lr * cfg.al.label_lr_scale
+                [*m["g"].parameters(), *m["h"].parameters()], rule.optim, rule.optim.lr * rule.al.label_lr_scale
             ),
         }
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import nn
 
-from growpipe.config import RunConfig
+from growpipe.config import RuleSettings
 from growpipe.nn.backbones import head_features
 from growpipe.nn.block import Block, block_seed, make_optimizer, seeded
 from growpipe.nn.packet import Packet
@@ -17,11 +17,11 @@ from growpipe.nn.specs import BlockSpec, InputInfo
 
 
 class BPBlock(Block):
-    def __init__(self, spec: BlockSpec, info: InputInfo, cfg: RunConfig):
-        super().__init__(spec, info, cfg)
+    def __init__(self, spec: BlockSpec, info: InputInfo, rule: RuleSettings):
+        super().__init__(spec, info, rule)
         if spec.has_exit:
             self.modules["cls"] = nn.Linear(self.head_dim, spec.num_classes)
-        self.optimizers = {"all": make_optimizer(self.modules.parameters(), cfg.train)}
+        self.optimizers = {"all": make_optimizer(self.modules.parameters(), rule.optim)}
 
     def forward_with_grad(self, p: Packet) -> Packet:
         """Forward in train mode keeping the autograd graph (for end-to-end training)."""

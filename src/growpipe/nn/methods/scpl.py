@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from growpipe.config import RunConfig
+from growpipe.config import RuleSettings
 from growpipe.nn.backbones import head_features
 from growpipe.nn.block import Block, make_optimizer
 from growpipe.nn.packet import Packet
@@ -44,13 +44,13 @@ def make_projector(kind: str, in_dim: int, out_dim: int) -> nn.Module:
 
 
 class SCPLBlock(Block):
-    def __init__(self, spec: BlockSpec, info: InputInfo, cfg: RunConfig):
-        super().__init__(spec, info, cfg)
-        self.temperature = cfg.scpl.temperature
-        self.modules["proj"] = make_projector(cfg.scpl.projector, self.head_dim, cfg.scpl.proj_dim)
+    def __init__(self, spec: BlockSpec, info: InputInfo, rule: RuleSettings):
+        super().__init__(spec, info, rule)
+        self.temperature = rule.scpl.temperature
+        self.modules["proj"] = make_projector(rule.scpl.projector, self.head_dim, rule.scpl.proj_dim)
         if spec.has_exit:
             self.modules["cls"] = nn.Linear(self.head_dim, spec.num_classes)
-        self.optimizers = {"all": make_optimizer(self.modules.parameters(), cfg.train)}
+        self.optimizers = {"all": make_optimizer(self.modules.parameters(), rule.optim)}
 
     def local_step(self, p: Packet) -> tuple[Packet, dict[str, float]]:
         s, mask = self.encode(p)

@@ -1,9 +1,11 @@
-"""Hooks a run calls as it goes (tracking, checkpoints): both the Ray controller and the reference trainer."""
+"""Hooks the run loop calls as it goes: progress lines here, MLflow in growpipe.tracking."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from growpipe.report import format_epoch
 
 
 class RunCallback:
@@ -35,10 +37,17 @@ def notify(callbacks: Sequence[RunCallback], method: str, *args: Any, say: Calla
             say(f"warn   {type(cb).__name__}.{method} failed ({type(e).__name__}: {str(e)[:160]}); the run goes on")
 
 
-def run_callbacks(cfg: Any, run_name: str, say: Callable[[str], None]) -> list[RunCallback]:
-    """The callbacks a config asks for (MLflow tracking when tracking.mlflow)."""
-    if not cfg.tracking.mlflow:
-        return []
-    from growpipe.tracking import MlflowTracker
+class ProgressLog(RunCallback):
+    """The per-epoch line and the growth line of a run."""
 
-    return [MlflowTracker(cfg, run_name, say)]
+    def __init__(self, say: Callable[[str], None]):
+        self.say = say
+
+    def after_epoch(self, row: dict[str, Any]) -> None:
+        self.say(format_epoch(row))
+
+    def on_growth(self, event: dict[str, Any]) -> None:
+        at = f" at epoch {event['epoch'] + 1} batch {event['batch']}" if event["batch"] is not None else ""
+        where = f", {event['where']}" if event.get("where") else ""
+        self.say(f"grow   +{event['kind']} block {event['block']} ({event['family']}) -> {event['blocks']} blocks"
+                 f"{where}{at}")  # fmt: skip

@@ -1,0 +1,139 @@
+"""The Engine protocol: what the run loop asks of a runtime.
+
+The loop (growpipe.loop.loop) owns the run's lifecycle: epochs, growth, checkpoints, recovery, the summary.
+An engine owns the compute: where the blocks live and how a batch goes through them. Four engines implement
+it: the reference trainer in this process (growpipe.local), the Ray local-learning pipeline, GPipe / 1F1B
+on stage actors, and data-parallel BP through Ray Train (growpipe.runtime).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from growpipe.errors import GrowpipeError
+from growpipe.loop.stats import StageStats
+from growpipe.nn.net import GrowableNet
+from growpipe.nn.specs import BlockSpec, InputInfo
+
+Poll = Callable[[], bool]
+"""Called by an engine while an epoch runs; True asks it to stop before its next batch (a growth waits)."""
+
+
+class WorkerLost(GrowpipeError, RuntimeError):
+    """A worker of the engine (a stage actor, a DDP worker, or their node) is gone: the run can go on from
+    its newest checkpoint."""
+
+
+@dataclass
+class EpochPart:
+    """What one `run_epoch` call did: per-stage statistics, samples that entered the net, and the batch it
+    stopped before (None when the epoch ran to its end)."""
+
+    stats: list[StageStats]
+    samples: int
+    paused_at: int | None = None
+
+
+@dataclass
+class Prepared:
+    """A block placed and built by `prepare_block`, not yet part of the net."""
+
+    spec: BlockSpec
+    where: str = ""
+    """Where it runs, for the progress line (e.g. "stage actor 2 (ALBlock)")."""
+    handle: Any = None
+    """The engine's own record of it."""
+    cacheable: bool = True
+    """Its input can be cached once the blocks below are frozen (a block packed into another's worker
+    streams through it instead)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Added to the answer of a grow request (e.g. the stage actor's name)."""
+
+
+class Engine(Protocol):
+    """A runtime the run loop drives. Every call is made from the loop's thread except `position`."""
+
+    name: str
+    """The result JSON's `runtime`: local, ray, ray-gpipe, ray-1f1b, ray-train-ddp."""
+    stage_table: bool
+    """True when the per-stage statistics are worth a table (one stage per worker)."""
+    pauses_mid_epoch: bool
+    """True when `run_epoch` honours `poll` between batches (else only at the end of the epoch)."""
+    net: GrowableNet | None
+    """The trained net when it lives in this process (the local engine); None when it is spread over
+    workers (the loop rebuilds it from `final_states`)."""
+
+    def open(self, layout: dict[str, Any] | None) -> tuple[InputInfo, str]:
+        """Read the data where the engine reads it (`layout`: where a checkpoint had the blocks); return its
+        description and a one-line summary."""
+        ...
+
+    def build(self, specs: list[BlockSpec], layout: dict[str, Any] | None) -> str:
+        """Place and build the blocks (`layout`: where a checkpoint had them); a one-line description."""
+        ...
+
+    def run_epoch(self, epoch: int, start_batch: int, stop_at: int | None, poll: Poll) -> EpochPart:
+        """Train epoch `epoch` from batch `start_batch`, stopping before batch `stop_at` or when `poll`
+        says so; everything sent is trained when it returns. Raises WorkerLost when a worker is gone."""
+        ...
+
+    def prepare_block(self, spec: BlockSpec) -> Prepared:
+        """Place and build a block while training may go on; GrowpipeError when it cannot be placed."""
+        ...
+
+    def attach_block(self, block: Prepared, freeze: bool) -> None:
+        """Append a prepared block after the last one (the earlier ones frozen first when `freeze`). The
+        engine is idle (between two run_epoch calls)."""
+        ...
+
+    def discard_block(self, block: Prepared) -> None:
+        """Release a prepared block that will not be attached."""
+        ...
+
+    def cache_prefix(self) -> dict[str, Any] | None:
+        """Let the newest block train from stored outputs of the frozen blocks below it (None: the engine
+        does not cache, or nothing to cache)."""
+        ...
+
+    def evaluate(self) -> dict[str, Any]:
+        """Every exit and the adaptive trade-off on the test split (growpipe.evaluation)."""
+        ...
+
+    def checksums(self) -> dict[int, str]:
+        """SHA-256 of every block's weights, by block index."""
+        ...
+
+    def save(self, ckpt_dir: str) -> list[dict[str, Any]]:
+        """Write every block's state into checkpoint directory `ckpt_dir`; return the manifest's shard
+        entries ({file, sha256, blocks})."""
+        ...
+
+    def layout(self) -> dict[str, Any]:
+        """Where the blocks run (kept in the manifest for `build` after a resume)."""
+        ...
+
+    def restore(self, ckpt_dir: str, shards: list[dict[str, Any]]) -> None:
+        """Load every block's state from a checkpoint (the blocks are built)."""
+        ...
+
+    def recover(self, specs: list[BlockSpec], layout: dict[str, Any] | None) -> str:
+        """Replace lost workers and build `specs` again (then the loop restores a checkpoint)."""
+        ...
+
+    def final_states(self) -> list[dict[str, Any]]:
+        """Every block's state (CPU tensors), in block order."""
+        ...
+
+    def position(self) -> tuple[int, int] | None:
+        """(batches done, batches in the epoch) of the running epoch, for a progress bar; any thread."""
+        ...
+
+    def extras(self) -> dict[str, Any]:
+        """Engine-specific fields of the result JSON (placement, timeline, staleness, ...)."""
+        ...
+
+    def stop(self) -> None:
+        """Release every worker and reservation; safe to call twice."""
+        ...

@@ -1,0 +1,518 @@
+"""RunLoop: a run's lifecycle, the same for every engine.
+
+`step()` runs the current state's handler and moves to the state it returns (states.py); `run()` steps until
+FINISHED or ERRORED. The loop keeps the run's record (history, growth events, frozen-block checksums, stage
+totals), asks the policies (growth plan, failure, checkpoint timing, grow limit) and has the engine execute
+what they decide. Grow requests arrive from other threads through `grow()`.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from growpipe.checkpoint import CheckpointStore, check_input_matches
+from growpipe.config import GrowStep, RunConfig, parse_grow_request
+from growpipe.errors import ConfigError, GrowpipeError, ShapeError
+from growpipe.growth import FrozenWatch, GrowthPlan, growth_event, note_epoch
+from growpipe.loop.callbacks import RunCallback, notify
+from growpipe.loop.engine import Engine, Prepared, WorkerLost
+from growpipe.loop.orders import GrowOrder, check_input_size
+from growpipe.loop.policies import CheckpointTiming, Raise, decide_failure, grow_refusal
+from growpipe.loop.states import Caching, Errored, Finished, Growing, Restoring, Starting, State, Training
+from growpipe.loop.stats import StageStats, merge_by_stage
+from growpipe.nn.net import GrowableNet, plan_blocks, plan_growth_block
+from growpipe.nn.specs import BlockSpec, InputInfo
+from growpipe.report import epoch_row, summarize
+
+Say = Callable[[str], None]
+
+
+@dataclass
+class RunResult:
+    """What a run produced: the result JSON, the trained net (when asked for) and the data it read (the
+    local engine)."""
+
+    result: dict[str, Any]
+    net: GrowableNet | None = None
+    bundle: Any = None
+
+    def summary(self) -> dict[str, Any]:
+        """The result JSON (see growpipe.report.summarize)."""
+        return self.result
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        return self.result["history"]
+
+    @property
+    def growth(self) -> list[dict[str, Any]]:
+        return self.result["growth"]
+
+
+class RunLoop:
+    """Drives one run of `engine` from STARTING to FINISHED (or ERRORED)."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        engine: Engine,
+        *,
+        run_name: str | None = None,
+        store: CheckpointStore | None = None,
+        callbacks: list[RunCallback] | None = None,
+        say: Say | None = None,
+        resume: str | None = None,
+    ):
+        """`store`: where restore points go (None: none); `resume`: a checkpoint directory to start from."""
+        self.cfg = cfg
+        self.engine = engine
+        self.run_name = run_name or cfg.name
+        self.store = store
+        self.callbacks = list(callbacks or [])
+        self.say: Say = say or (lambda _line: None)
+        self.timing = CheckpointTiming.from_spec(cfg.checkpoint.model_copy(update={"enabled": store is not None}))
+        self.state: State = Starting(resume)
+        self.error: str | None = None
+        self.failure: BaseException | None = None  # the exception that ended the run
+        self.plan = GrowthPlan(cfg)
+        self.watch = FrozenWatch()
+        self.info: InputInfo | None = None
+        self.specs: list[BlockSpec] = []
+        self.frozen: set[int] = set()
+        self.history: list[dict[str, Any]] = []
+        self.growth: list[dict[str, Any]] = []
+        self.caches: list[dict[str, Any]] = []
+        self.totals: dict[int, StageStats] = {}
+        self.train_seconds = 0.0
+        self.samples = 0
+        self.restarts = 0
+        self.ckpt_seq = 0
+        self.cache_due = False
+        self.last_eval: dict[str, Any] | None = None
+        self.result: dict[str, Any] | None = None
+        self.net: GrowableNet | None = None
+        self.final_states: list[dict[str, Any]] | None = None
+        self.orders: queue.Queue[GrowOrder] = queue.Queue()
+        self._pending = 0  # requests accepted and not answered yet (queued or being placed)
+        self._prepared: GrowOrder | None = None  # a request placed while an epoch ran, waiting for the pause
+        self._lock = threading.Lock()
+        self._epoch_open = False  # between an epoch's start and its line: a progress bar may be drawn
+
+    # ---- the state machine ----------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        """Step to FINISHED or ERRORED; return the result JSON or {'error': message}."""
+        try:
+            while not self.state.terminal:
+                self.step()
+        finally:
+            self._reject_pending(f"run {self.run_name!r} has {self.state.name}; nothing to grow")
+            self.engine.stop()
+            notify(self.callbacks, "close", say=self.say)
+        if isinstance(self.state, Errored):
+            return {"error": self.state.message}
+        return self.result or {}
+
+    def step(self) -> tuple[State, State]:
+        """Run the current state's handler; return (previous, next)."""
+        prev = self.state
+        handlers: dict[type, Callable[[Any], State]] = {
+            Starting: self._starting,
+            Training: self._training,
+            Growing: self._growing,
+            Caching: self._caching,
+            Restoring: self._restoring,
+        }
+        try:
+            nxt = handlers[type(prev)](prev)
+        except Exception as e:  # any failure: the failure policy retries from a checkpoint or ends the run
+            nxt = self._after_failure(e)
+        self.state = nxt
+        if type(prev) is not type(nxt):
+            notify(self.callbacks, "on_state_change", prev, nxt, say=self.say)
+        return prev, nxt
+
+    def _after_failure(self, e: BaseException) -> State:
+        what = describe(e)
+        latest = self.store.latest() if self.store else None
+        lost = isinstance(e, WorkerLost) and not isinstance(self.state, Starting)  # a fresh start has no restore point
+        decision = decide_failure(what, lost, self.restarts,
+                                  self.cfg.runtime.max_stage_restarts, latest.path if latest else None,
+                                  self.cfg.checkpoint.enabled)  # fmt: skip
+        if isinstance(decision, Raise):
+            self.error, self.failure = decision.message, e
+            self.say(f"error  {decision.message}")
+            notify(self.callbacks, "on_error", decision.message, say=self.say)
+            return Errored(decision.message)
+        self.restarts = decision.restart
+        limit = self.cfg.runtime.max_stage_restarts
+        self.say(f"recover {what}; restart {self.restarts}/{limit}: every block back to "
+                 f"{decision.path.rsplit('/', 1)[-1]}")  # fmt: skip
+        return Restoring(decision.path, what)
+
+    # ---- states ---------------------------------------------------------------------------------------
+    def _starting(self, s: Starting) -> State:
+        cfg = self.cfg
+        reader = self.store or CheckpointStore(cfg.checkpoint.uri, self.run_name)
+        manifest = reader.read_manifest(s.resume) if s.resume else None
+        layout = manifest.get("layout") if manifest else None
+        self.info, summary = self.engine.open(layout)
+        self.say(f"data   {summary}")
+        if manifest:
+            check_input_matches(manifest["input"], self.info.to_dict())
+            self.specs = [BlockSpec.from_dict(t) for t in manifest["topology"]]
+        else:
+            self.specs = plan_blocks(cfg.net, cfg.method, self.info)
+        self.say(f"net    {self.engine.build(self.specs, layout)}")
+        if manifest and s.resume:
+            self.engine.restore(s.resume, manifest["shards"])
+            self._restore_record(manifest)
+            self.say(f"resume {s.resume}: epoch {manifest['epoch']}, batch {manifest['batch']}, "
+                     f"{len(self.specs)} blocks")  # fmt: skip
+            notify(self.callbacks, "on_start", say=self.say)
+            return self._after_restore(manifest)
+        notify(self.callbacks, "on_start", say=self.say)
+        if self.store is not None and (gone := self.store.clear()):
+            self.say(f"ckpt   a fresh run: removed {gone} checkpoint(s) of an earlier run {self.run_name!r} "
+                     f"(growpipe train --resume {self.run_name} continues a run instead)")  # fmt: skip
+        self._checkpoint(0, 0)  # a restore point from the very start
+        return self._boundary(0)
+
+    def _training(self, t: Training) -> State:
+        parts, samples, seconds, start = list(t.parts), t.samples, t.seconds, t.start_batch
+        self._epoch_open = True
+        while True:
+            stop_at = self.timing.next_stop(start)
+            t0 = time.perf_counter()
+            part = self.engine.run_epoch(t.epoch, start, stop_at, self._poll)
+            seconds += time.perf_counter() - t0
+            parts.extend(part.stats)
+            samples += part.samples
+            if part.paused_at is None:
+                break
+            start = part.paused_at
+            if self._prepared is not None:  # a request was placed while the epoch ran: grow, then go on
+                order, self._prepared = self._prepared, None
+                resume = Training(t.epoch, start, tuple(parts), samples, seconds)
+                return Growing(t.epoch - 1, start, order=order, resume=resume)
+            if start == stop_at:
+                self._checkpoint(t.epoch - 1, start)
+        self._end_epoch(t.epoch, parts, samples, seconds)
+        return self._boundary(t.epoch)
+
+    def _growing(self, g: Growing) -> State:
+        grew = False
+        for step in g.steps:  # planned: a block that cannot be placed ends the run
+            prepared = self.engine.prepare_block(self._next_spec(step))
+            self._attach(prepared, step, g.source, g.epoch, g.batch)
+            grew = True
+        if g.order is not None:
+            grew = self._attach_order(g.order, g.epoch, g.batch) or grew
+        if g.resume is None:  # between epochs: the requests waiting now
+            while not self.orders.empty():
+                order = self.orders.get()
+                if self._prepare_order(order):
+                    grew = self._attach_order(order, g.epoch, None) or grew
+        if grew:
+            self._checkpoint(g.epoch, g.batch or 0)
+        if g.resume is not None:
+            return g.resume
+        return self._next_epoch(g.epoch, 0)
+
+    def _caching(self, c: Caching) -> State:
+        record = self.engine.cache_prefix()
+        self.cache_due = False
+        if record is not None:
+            record = {"epoch": c.then.epoch - 1, **record}
+            self.caches.append(record)
+            k = record["block"]
+            self.say(f"cache  block {k} trains from the frozen prefix's outputs ({record['where']}, computed in "
+                     f"{record['seconds']:.1f}s); blocks 0-{k - 1} stop computing")  # fmt: skip
+        return c.then
+
+    def _restoring(self, r: Restoring) -> State:
+        assert self.store is not None
+        manifest = self.store.read_manifest(r.path)
+        self.specs = [BlockSpec.from_dict(t) for t in manifest["topology"]]
+        self.engine.recover(self.specs, manifest.get("layout"))
+        self.engine.restore(r.path, manifest["shards"])
+        self._restore_record(manifest)
+        return self._after_restore(manifest)
+
+    # ---- decisions between states ---------------------------------------------------------------------
+    def _boundary(self, epoch: int) -> State:
+        """After `epoch` finished epochs (0: the start): grow (planned, or a request), checkpoint, go on."""
+        due = self.plan.due(epoch, self.history, len(self.specs))
+        order, self._prepared = self._prepared, None  # placed during an epoch that could not pause
+        if due or order is not None or (not self.orders.empty() and epoch < self.plan.total_epochs):
+            return Growing(epoch, None, steps=tuple(due), source=self.plan.policy, order=order)
+        if self.timing.at_epoch_end(epoch, self.plan.total_epochs):
+            self._checkpoint(epoch, 0)
+        return self._next_epoch(epoch, 0)
+
+    def _next_epoch(self, epoch: int, batch: int) -> State:
+        """Train on from `batch` of epoch `epoch` + 1 (building a prefix cache first when one is due), or
+        finish."""
+        if batch == 0 and epoch >= self.plan.total_epochs:
+            return self._finish()
+        nxt = Training(epoch + 1, batch)
+        return Caching(nxt) if self.cache_due else nxt
+
+    def _after_restore(self, manifest: dict[str, Any]) -> State:
+        """Where a restored run goes on. A boundary checkpoint is written after that boundary's growth, so
+        nothing grows twice."""
+        return self._next_epoch(manifest["epoch"], manifest["batch"])
+
+    # ---- epochs ---------------------------------------------------------------------------------------
+    def _end_epoch(self, epoch: int, parts: list[StageStats], samples: int, seconds: float) -> None:
+        stats = merge_by_stage(parts)
+        losses: dict[str, float] = {}
+        for s in stats:
+            losses.update(s.losses)
+            s.wall_s, s.events = seconds, []
+            self.totals[s.stage] = self.totals[s.stage].merge(s) if s.stage in self.totals else s
+        self.train_seconds += seconds
+        self.samples += samples
+        self._epoch_open = False  # no progress bar from here: the epoch's line comes next
+        ev = self.last_eval = self.engine.evaluate()
+        depth = len(self.specs)
+        row = epoch_row(epoch, self.cfg, depth, depth - len(self.frozen), losses, ev, samples, seconds)
+        self.history.append(row)
+        note_epoch(self.growth, row)
+        notify(self.callbacks, "after_epoch", row, say=self.say)
+
+    def position(self) -> dict[str, int] | None:
+        """Where the running epoch is: {epoch, epochs, batch, batches}; None outside an epoch."""
+        state = self.state
+        if not isinstance(state, Training) or not self._epoch_open:
+            return None
+        pos = self.engine.position()
+        if pos is None:
+            return None
+        return {"epoch": state.epoch, "epochs": self.plan.total_epochs, "batch": pos[0], "batches": pos[1]}
+
+    # ---- growth ---------------------------------------------------------------------------------------
+    def grow(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Append a block to this running job (from any thread; blocks until it is attached or refused).
+
+        Validated like a config; the block is placed and built while training goes on, then the engine
+        pauses before its next batch (or at the end of the epoch), freezes the earlier blocks
+        (cfg.grow.freeze), attaches the block and goes on. Requests are served one at a time, in arrival
+        order. Returns what was added, or {'error': message}: a bad request never disturbs the run."""
+        try:
+            ask = parse_grow_request(request)
+            self.cfg.check_feature_group(ask.as_step(), "group")
+        except (ConfigError, ValueError) as e:
+            return {"error": str(e)}
+        with self._lock:
+            if self.state.terminal:
+                return {"error": f"run {self.run_name!r} has {self.state.name}; nothing to grow"}
+            why = grow_refusal(self.run_name, len(self.specs), self._pending, self.cfg.grow.max_blocks)
+            if why:
+                return {"error": why}
+            if self.info is not None and self.specs:
+                try:  # fail fast; checked again against the block it really lands on
+                    check_input_size(ask, self.info, self.specs[-1])
+                except ShapeError as e:
+                    return {"error": str(e)}
+            order = GrowOrder(ask)
+            self._pending += 1
+            self.orders.put(order)
+        order.done.wait()
+        return order.answer if order.answer is not None else {"error": order.error}
+
+    def _poll(self) -> bool:
+        """Called by the engine while an epoch runs: place a waiting request's block meanwhile; True once
+        one is ready to attach (the engine then pauses)."""
+        if self._prepared is None and not self.orders.empty():
+            order = self.orders.get()
+            if self._prepare_order(order):
+                self._prepared = order
+        return self._prepared is not None
+
+    def _next_spec(self, step: GrowStep) -> BlockSpec:
+        assert self.info is not None
+        return plan_growth_block(self.cfg.net, self.info, self.specs[-1], step)
+
+    def _prepare_order(self, order: GrowOrder) -> bool:
+        """Place and build a requested block; on failure answer the caller and leave the run as it is."""
+        assert self.info is not None
+        try:
+            check_input_size(order.ask, self.info, self.specs[-1])
+            order.prepared = self.engine.prepare_block(self._next_spec(order.ask.as_step()))
+        except (GrowpipeError, ValueError) as e:
+            self._answer(order, error=describe(e))
+            self.say(f"grow   request refused: {order.error}")
+            return False
+        except Exception as e:  # a worker lost while placing: refuse the request, the run decides on its own
+            self._answer(order, error=describe(e))
+            raise
+        return True
+
+    def _attach_order(self, order: GrowOrder, epoch: int, batch: int | None) -> bool:
+        """Attach a prepared request unless grow.max_blocks was reached meanwhile; answer the caller."""
+        why = grow_refusal(self.run_name, len(self.specs), 0, self.cfg.grow.max_blocks)
+        if why:
+            self.engine.discard_block(order.prepared)
+            self._answer(order, error=why)
+            self.say(f"grow   request refused: {why}")
+            return False
+        event = self._attach(order.prepared, order.ask.as_step(), "request", epoch, batch)
+        self._answer(order, answer={**event, **order.prepared.extra})
+        return True
+
+    def _attach(self, prepared: Prepared, step: GrowStep, source: str, epoch: int, batch: int | None) -> dict:
+        """Attach a prepared block after the last one (freezing the others when grow.freeze) and record it;
+        `epoch` finished epochs, `batch` batches into the next (None: at the boundary)."""
+        depth = len(self.specs)
+        freeze = self.cfg.grow.freeze
+        self.engine.attach_block(prepared, freeze)
+        if freeze:
+            self.frozen |= set(range(depth))
+            sums = self.engine.checksums()
+            self.watch.note({i: sums[i] for i in range(depth)})
+            self.cache_due = self.cfg.grow.cache.enabled and prepared.cacheable
+        event = growth_event(epoch, step, depth + 1, self.history, source, batch)
+        event.update(block=prepared.spec.index, family=prepared.spec.encoder.family, where=prepared.where)
+        self.specs.append(prepared.spec)
+        self.plan.grew(epoch)
+        self.last_eval = None
+        self.growth.append(event)
+        notify(self.callbacks, "on_growth", event, say=self.say)
+        return event
+
+    def _answer(self, order: GrowOrder, answer: dict[str, Any] | None = None, error: str | None = None) -> None:
+        with self._lock:
+            self._pending -= 1
+        if answer is not None:
+            order.succeed(answer)
+        else:
+            order.fail(error or "refused")
+
+    def _reject_pending(self, why: str) -> None:
+        orders = [self._prepared] if self._prepared is not None else []
+        self._prepared = None
+        while not self.orders.empty():
+            orders.append(self.orders.get())
+        for order in orders:
+            if order.prepared is not None:
+                self.engine.discard_block(order.prepared)
+            self._answer(order, error=why)
+
+    # ---- checkpoints ----------------------------------------------------------------------------------
+    def _checkpoint(self, epoch: int, batch: int) -> None:
+        """A restore point at `epoch` finished epochs and `batch` batches into the next: every block's
+        shard from the engine, then the manifest (the commit)."""
+        if self.store is None:
+            return
+        self.ckpt_seq += 1
+        path = self.store.dir_for(epoch, batch, self.ckpt_seq)
+        shards = self.engine.save(path)
+        manifest = {**self.record(), "epoch": epoch, "batch": batch, "seq": self.ckpt_seq, "shards": shards,
+                    "layout": self.engine.layout()}  # fmt: skip
+        ref = self.store.commit(path, manifest)
+        self.say(f"ckpt   {ref.path.rsplit('/', 1)[-1]} (epoch {epoch}, batch {batch}) in {self.store.root}")
+
+    def record(self) -> dict[str, Any]:
+        """The run's record as a checkpoint manifest keeps it (without position and shards)."""
+        assert self.info is not None
+        return {
+            "run": self.run_name,
+            "config": self.cfg.model_dump(mode="json"),
+            "input": self.info.to_dict(),
+            "topology": [s.to_dict() for s in self.specs],
+            "history": self.history,
+            "growth": self.growth,
+            "frozen_checksums": {str(i): v for i, v in self.watch.at_freeze.items()},
+            "train_seconds": self.train_seconds,
+            "samples": self.samples,
+            "caches": self.caches,
+            "restarts": self.restarts,
+            "mlflow_run_id": next((cb.run_id for cb in self.callbacks if getattr(cb, "run_id", None)), None),
+        }
+
+    def _restore_record(self, manifest: dict[str, Any]) -> None:
+        self.ckpt_seq = max(self.ckpt_seq, manifest["seq"])
+        self.history, self.growth = list(manifest["history"]), list(manifest["growth"])
+        self.plan = GrowthPlan(self.cfg)
+        for event in self.growth:
+            self.plan.grew(event["epoch"])
+        self.watch = FrozenWatch()
+        self.watch.note({int(i): v for i, v in manifest["frozen_checksums"].items()})
+        self.frozen = {int(i) for i in manifest["frozen_checksums"]}
+        self.train_seconds, self.samples = manifest["train_seconds"], manifest["samples"]
+        self.caches = list(manifest.get("caches", []))
+        self.cache_due = self.cfg.grow.cache.enabled and bool(self.frozen)
+        self.totals = {}
+        self.last_eval = None
+
+    # ---- the end --------------------------------------------------------------------------------------
+    def _finish(self) -> State:
+        ev = self.last_eval or self.engine.evaluate()
+        summary = summarize(self.cfg, len(self.specs), self.history, self.growth, ev, self.train_seconds,
+                            self.samples)  # fmt: skip
+        summary["runtime"] = self.engine.name
+        if self.engine.stage_table:
+            rows = [self.totals[i].row() for i in sorted(self.totals)]
+            hops = sorted(r["hop_ms_median"] for r in rows if r["hop_ms_median"] is not None)
+            summary["stages"] = rows
+            summary["hop_overhead_ms"] = hops[len(hops) // 2] if hops else None
+        summary.update(self.engine.extras())
+        summary["frozen_unchanged"] = self.watch.unchanged(self.engine.checksums())
+        summary["prefix_caches"] = self.caches
+        summary["restarts"] = self.restarts
+        summary["checkpoints"] = self.store.root if self.store else None
+        self.final_states = self.engine.final_states() if self.engine.net is None else None
+        self.result = summary
+        notify(self.callbacks, "on_finish", summary, say=self.say)
+        if self.callbacks:
+            notify(self.callbacks, "on_final_net", self.final_net(), summary, say=self.say)
+        return Finished()
+
+    def final_net(self) -> GrowableNet:
+        """The trained net in this process (after FINISHED)."""
+        if self.net is None:
+            self.net = self.engine.net
+        if self.net is None:
+            assert self.info is not None and self.final_states is not None
+            topology = [s.to_dict() for s in self.specs]
+            self.net = GrowableNet.from_states(self.cfg.rule(), self.info, topology, self.final_states)
+        return self.net
+
+    def final(self) -> dict[str, Any] | None:
+        """After FINISHED: the topology, the input description and every block's state."""
+        if self.result is None:
+            return None
+        states = self.final_states if self.final_states is not None else self.final_net().state_dict()["blocks"]
+        return {"topology": [s.to_dict() for s in self.specs], "info": self.info, "states": states}
+
+    def shutdown(self) -> None:
+        """Release everything now (from another thread: the driver stops a run midway)."""
+        self._reject_pending(f"run {self.run_name!r} was stopped")
+        self.engine.stop()
+
+    def status(self) -> dict[str, Any]:
+        """A small snapshot: state, the epoch running (or the last finished), blocks."""
+        state = self.state
+        return {
+            "run": self.run_name,
+            "state": state.name,
+            "epoch": state.epoch if isinstance(state, Training) else len(self.history),
+            "blocks": [s.index for s in self.specs],
+            "error": self.error,
+        }
+
+
+def describe(e: BaseException) -> str:
+    """A one-line description of an error raised anywhere in a run."""
+    cause = getattr(e, "cause", None)  # a Ray task error carries the original one
+    if isinstance(cause, GrowpipeError | ValueError | RuntimeError) and not isinstance(e, GrowpipeError):
+        return str(cause)
+    if isinstance(e, GrowpipeError):
+        return str(e)
+    text = str(e).splitlines()[0] if str(e) else ""
+    return f"{type(e).__name__}: {text}"

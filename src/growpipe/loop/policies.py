@@ -1,0 +1,85 @@
+"""Decisions the run loop takes, as small functions of the run's state (tested without Ray).
+
+- failure: a lost worker -> Retry from a checkpoint, or Raise with the reason;
+- checkpoints: which epoch ends and batches get a restore point;
+- grow requests: whether one more block fits under grow.max_blocks;
+- no capacity for a new block: pack it into an existing worker, or fail.
+
+When the net grows by plan is growpipe.growth.GrowthPlan's decision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from growpipe.config import CheckpointSpec
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Go on from checkpoint `path` (restart number `restart`)."""
+
+    path: str
+    restart: int
+
+
+@dataclass(frozen=True)
+class Raise:
+    """End the run with `message`."""
+
+    message: str
+
+
+def decide_failure(what: str, lost: bool, restarts: int, limit: int, latest: str | None,
+                   checkpoints: bool) -> Retry | Raise:  # fmt: skip
+    """After an error: retry from the newest checkpoint when a worker was lost (not when a block failed),
+    there is a checkpoint, and fewer than `limit` restarts were made."""
+    if not lost:
+        return Raise(what)
+    if latest is None:
+        why = "checkpoint.enabled is false" if not checkpoints else "none was written yet"
+        return Raise(f"{what}; no checkpoint to recover from ({why})")
+    if restarts >= limit:
+        return Raise(f"{what}; giving up after {restarts} restart(s) (runtime.max_stage_restarts)")
+    return Retry(latest, restarts + 1)
+
+
+@dataclass(frozen=True)
+class CheckpointTiming:
+    """When restore points are written: at the start, at every growth, at the end of every
+    `every_epochs`-th epoch (and the last), and every `every_batches` batches inside an epoch."""
+
+    enabled: bool
+    every_epochs: int
+    every_batches: int
+
+    @classmethod
+    def from_spec(cls, spec: CheckpointSpec) -> CheckpointTiming:
+        return cls(spec.enabled, spec.every_epochs, spec.every_batches)
+
+    def at_epoch_end(self, epoch: int, total: int) -> bool:
+        """A checkpoint after `epoch` finished epochs (when no growth follows: growth writes its own)."""
+        every = self.every_epochs
+        return self.enabled and bool(epoch) and bool(every) and (epoch % every == 0 or epoch >= total)
+
+    def next_stop(self, start_batch: int) -> int | None:
+        """The batch an epoch running from `start_batch` pauses before for a checkpoint (None: none)."""
+        every = self.every_batches
+        if not self.enabled or not every:
+            return None
+        return (start_batch // every + 1) * every
+
+
+def pack_host(on_no_capacity: str, last_host: int) -> int | None:
+    """Where a block goes that cannot get a worker of its own within runtime.placement_timeout_s: into the
+    actor that runs the last block (`last_host`) when grow.on_no_capacity is pack; None: the growth fails."""
+    return last_host if on_no_capacity == "pack" else None
+
+
+def grow_refusal(run: str, depth: int, pending: int, limit: int | None) -> str | None:
+    """Why a grow request is refused under grow.max_blocks (None: it fits), counting the blocks the net
+    has and the requests accepted but not attached yet."""
+    if limit is not None and depth + pending >= limit:
+        counting = f" (counting {pending} request(s) not attached yet)" if pending else ""
+        return f"run {run!r} is at grow.max_blocks={limit} blocks{counting}"
+    return None

@@ -1,0 +1,202 @@
+"""The local-learning pipeline (AL, SCPL, DASCPL) as an Engine: one Stage actor per block, each pushing its
+detached output straight to the next; the loop is never on the per-batch path.
+
+An epoch: the source stage (stage 0 with the data, or the stage holding a prefix cache) streams its batches
+(`run_epoch`), the loop's poll can ask it to pause before its next batch, then the stages after it drain in
+order (`flush`) and hand back their statistics. A block that cannot get a stage of its own may be packed
+into the last stage's actor (grow.on_no_capacity: pack).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import ray
+
+from growpipe.errors import PipelineError
+from growpipe.loop.engine import EpochPart, Poll, Prepared
+from growpipe.loop.policies import pack_host
+from growpipe.nn.specs import BlockSpec
+from growpipe.runtime.stage import Stage
+from growpipe.runtime.stage_engine import Slot, StageEngine
+
+
+class PipelineEngine(StageEngine):
+    """Blocks in Stage actors wired in a chain; see the module docstring."""
+
+    actor_class = Stage
+    name = "ray"
+    pauses_mid_epoch = True
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.source = 0  # the stage that streams the epochs: 0 (the data) or the prefix-cache holder
+        self.timeline: list[dict[str, Any]] = []
+
+    def build(self, specs: list[BlockSpec], layout: dict[str, Any] | None) -> str:
+        hosts = (layout or {}).get("hosts") or [None] * len(specs)
+        for i in range(1, len(specs)):
+            self.slots.append(self._launch_in_shared(i) if hosts[i] is None else self._packed(hosts[i]))
+        self._setup(specs)
+        cfg = self.cfg
+        names = ", ".join(s.block_name for s in self.slots)
+        return (f"{cfg.method} on {cfg.net.backbone}: {len(specs)} stage actors ({names}), window "
+                f"{cfg.runtime.window}, {self._resources_text()}")  # fmt: skip
+
+    def _setup(self, specs: list[BlockSpec]) -> None:
+        """Build every slot's block and wire each stage to the next one with an actor of its own."""
+        for slot, spec in zip(self.slots, specs, strict=True):
+            slot.spec = spec
+        names = self._get_all([s.handle.setup.remote(s.spec, self.info) for s in self.slots], "building the blocks")
+        for slot, name in zip(self.slots, names, strict=True):
+            slot.block_name = name
+        for i, slot in enumerate(self.slots):
+            if slot.host is not None:
+                self._get(slot.handle.attach_packed.remote(slot.index), "packing a block")
+            elif i:
+                self._get(self.slots[self._host(i - 1)].handle.set_downstream.remote(slot.handle), "wiring the stages")
+
+    def _host(self, i: int) -> int:
+        """The stage whose actor runs block i."""
+        host = self.slots[i].host
+        return i if host is None else host
+
+    def _packed(self, host: int) -> Slot:
+        return Slot(self.slots[host].handle, None, owns_pg=False, host=host)
+
+    def _own(self) -> list[Slot]:
+        return [s for s in self.slots if s.host is None]
+
+    # ---- epochs ---------------------------------------------------------------------------------------
+    def run_epoch(self, epoch: int, start_batch: int, stop_at: int | None, poll: Poll) -> EpochPart:
+        record = epoch == self.cfg.runtime.timeline_epoch
+        if record:
+            self._get_all([s.handle.start_recording.remote() for s in self._own()], "starting the timeline")
+        source = self.slots[self.source].handle
+        ref = source.run_epoch.remote(epoch, self._side_groups(), start_batch, stop_at)
+        paused = False
+
+        def check() -> None:
+            nonlocal paused
+            if not paused and poll():  # a block is ready to attach: stop before the next batch
+                paused = True
+                source.request_pause.remote()
+
+        first, paused_at = self._wait_long(ref, check)
+        stats = [first]
+        for i, slot in enumerate(self.slots[self.source + 1 :], self.source + 1):
+            if slot.host is None:  # a packed block is drained with its host
+                stats.append(self._get(slot.handle.flush.remote(), f"stage {i} draining"))
+        if record:
+            for s in stats:
+                self.timeline.extend(s.events)
+        return EpochPart(stats, first.samples, paused_at)
+
+    def position(self) -> tuple[int, int] | None:
+        if not self.slots:
+            return None
+        try:
+            return ray.get(self.slots[self.source].handle.position.remote(), timeout=5)
+        except (ray.exceptions.RayError, IndexError):
+            return None
+
+    def _side_groups(self) -> tuple[str, ...]:
+        return tuple(
+            s.spec.encoder.params["group"] for s in self.slots if s.spec and s.spec.encoder.family == "feature"
+        )
+
+    # ---- growth ---------------------------------------------------------------------------------------
+    def prepare_block(self, spec: BlockSpec) -> Prepared:
+        """A stage actor for the block (placed and built while training goes on), or, when none can be
+        placed and grow.on_no_capacity is pack, a place after the last stage's block in its actor."""
+        try:
+            slot = self._launch_for_growth(spec.index)
+        except PipelineError as e:
+            host = pack_host(self.cfg.grow.on_no_capacity, self._host(len(self.slots) - 1))
+            if host is None:
+                raise
+            self.say(f"grow   {e}; grow.on_no_capacity=pack: block {spec.index} goes into stage actor {host}")
+            slot = self._packed(host)
+        slot.spec = spec
+        try:
+            slot.block_name = self._get(slot.handle.setup.remote(spec, self.info), "building the block")
+        except Exception:
+            self._discard(slot)
+            raise
+        actor = spec.index if slot.host is None else slot.host
+        where = f"stage actor {spec.index}" if slot.host is None else f"packed into stage actor {slot.host}"
+        return Prepared(spec, f"{where} ({slot.block_name})", slot, cacheable=slot.host is None,
+                        extra={"stage": f"{self.run_name}/stage{actor}", "packed": slot.host is not None})  # fmt: skip
+
+    def attach_block(self, block: Prepared, freeze: bool) -> None:
+        slot: Slot = block.handle
+        if freeze:
+            self._get_all([s.handle.freeze.remote(s.index) for s in self.slots], "freezing the earlier stages")
+        if self.source:  # the rest of this epoch streams from the data again; the next one from a new cache
+            self._get(self.slots[self.source].handle.drop_cache.remote(), "dropping the old prefix cache")
+            self.source = 0
+        last = self.slots[self._host(len(self.slots) - 1)]
+        self.slots.append(slot)
+        if slot.host is None:
+            self._get(last.handle.set_downstream.remote(slot.handle), "rewiring the last stage")
+        else:
+            self._get(slot.handle.attach_packed.remote(slot.index), "packing the block")
+
+    def discard_block(self, block: Prepared) -> None:
+        slot: Slot = block.handle
+        if slot.host is not None:
+            with contextlib.suppress(ray.exceptions.RayError):
+                ray.get(slot.handle.drop_staged.remote(slot.index), timeout=30)
+        super().discard_block(block)
+
+    # ---- the frozen-prefix cache ----------------------------------------------------------------------
+    def cache_prefix(self) -> dict[str, Any] | None:
+        """Send every training sample once through the frozen stages into the last stage's cache; from now
+        on the last stage streams the epochs from it and the frozen stages stop computing."""
+        k = len(self.slots) - 1
+        target = self.slots[k]
+        if target.host is not None:
+            return None
+        n = self._get(self.slots[0].handle.train_size.remote(), "counting the training samples")
+        self._get(target.handle.start_cache.remote(n), "preparing the prefix cache")
+        start = time.perf_counter()
+        self._wait_long(self.slots[0].handle.cache_pass.remote(self._side_groups()))
+        for i, slot in enumerate(self.slots[1:k], 1):
+            if slot.host is None:
+                self._get(slot.handle.flush.remote(), f"stage {i} draining the cache pass")
+        where = self._get(target.handle.cache_info.remote(), "checking the prefix cache")
+        self.source = k
+        return {"block": k, "samples": n, "where": where, "seconds": time.perf_counter() - start}
+
+    # ---- state ----------------------------------------------------------------------------------------
+    def restore(self, ckpt_dir: str, shards: list[dict[str, Any]]) -> None:
+        super().restore(ckpt_dir, shards)
+        self.source = 0
+
+    def recover(self, specs: list[BlockSpec], layout: dict[str, Any] | None) -> str:
+        """Replace every stage actor in its bundle (blocks grown after the checkpoint are dropped) and
+        build `specs` again."""
+        old = self.slots
+        self._kill_all()
+        for slot in old[len(specs) :]:  # grown after the checkpoint: that growth is undone
+            self._discard(slot)
+        self.slots = []
+        for i, o in enumerate(old[: len(specs)]):
+            self.slots.append(
+                self._packed(o.host) if o.host is not None else self._launch(i, o.pg, o.bundle, o.owns_pg)
+            )
+        self.source = 0
+        self._get(self.slots[0].handle.load_data.remote(), "stage 0 loading the data again")
+        self._setup(specs)
+        return f"{len(specs)} stage actors"
+
+    def extras(self) -> dict[str, Any]:
+        return {**super().extras(), "timeline": {"traceEvents": self.timeline, "displayTimeUnit": "ms"}}
+
+    def stop(self) -> None:
+        if self.source and self.source < len(self.slots):  # a spilled cache's files go with it
+            with contextlib.suppress(Exception):
+                ray.get(self.slots[self.source].handle.drop_cache.remote(), timeout=10)
+        super().stop()

@@ -1,0 +1,210 @@
+"""What both stage-actor engines share (the local-learning pipeline and pipelined BP): one actor per block in
+placement-group bundles, stage 0 reading the data, evaluation on stage 0, checkpoint shards written by the
+actors, and Ray's errors turned into the loop's (a dead actor is WorkerLost)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import ray
+from ray.util.placement_group import remove_placement_group
+
+from growpipe.config import RunConfig
+from growpipe.errors import PipelineError, StageLostError
+from growpipe.loop.engine import Prepared, WorkerLost
+from growpipe.nn.net import GrowableNet
+from growpipe.nn.specs import BlockSpec, InputInfo
+from growpipe.runtime import NAMESPACE
+from growpipe.runtime.placement import in_bundle, make_stage_pg, stage_bundle
+
+
+class Slot:
+    """A block's place: the actor that runs it, the placement-group bundle it holds, its spec."""
+
+    def __init__(self, handle: Any, pg: Any, owns_pg: bool, bundle: int = 0, host: int | None = None):
+        self.handle = handle
+        self.pg = pg
+        self.owns_pg = owns_pg
+        self.bundle = bundle
+        self.host = host  # packed into the actor of stage `host` (grow.on_no_capacity: pack); None: its own
+        self.spec: BlockSpec | None = None
+        self.block_name = "?"
+
+    @property
+    def index(self) -> int:
+        assert self.spec is not None
+        return self.spec.index
+
+
+class StageEngine:
+    """Base of the engines whose blocks live in stage actors (subclasses set `actor_class`)."""
+
+    actor_class: Any = None
+    stage_table = True
+    net: GrowableNet | None = None
+
+    def __init__(self, cfg: RunConfig, run_name: str, reserved: tuple[Any, int] | None = None, say: Any = None):
+        """`reserved` = (placement group, first bundle): place the stages in those bundles (a Tune trial's)
+        instead of placement groups of their own; growth takes the next bundles."""
+        self.cfg = cfg
+        self.run_name = run_name
+        self.say = say or (lambda _line: None)
+        self.slots: list[Slot] = []
+        self.info: InputInfo | None = None
+        self._shared_pg: Any = None
+        self._reserved_pg, self._next_bundle = reserved if reserved else (None, 0)
+
+    # ---- placement ------------------------------------------------------------------------------------
+    def open(self, layout: dict[str, Any] | None = None) -> tuple[InputInfo, str]:
+        """Place stage 0 (in a placement group with room for every stage of its own) and read the data."""
+        hosts = (layout or {}).get("hosts") or [None] * self.cfg.net.blocks
+        if self._reserved_pg is None:
+            self._shared_pg = make_stage_pg(self.cfg, sum(h is None for h in hosts), self.cfg.runtime.placement)
+        self.slots = [self._launch_in_shared(0)]
+        self.info, summary = self._get(self.slots[0].handle.load_data.remote(), "stage 0 loading the data")
+        return self.info, summary
+
+    def _launch_in_shared(self, index: int) -> Slot:
+        """Launch stage `index` in the next bundle of the run's shared placement group: its own, or the
+        reserved one it was given."""
+        pg = self._reserved_pg if self._reserved_pg is not None else self._shared_pg
+        if self._reserved_pg is not None and self._next_bundle >= len(pg.bundle_specs):
+            raise PipelineError(
+                f"no reserved bundle left for block {index}: the placement group this run was given has "
+                f"{len(pg.bundle_specs)} bundles; raise grow.max_blocks so the sweep reserves one per block"
+            )
+        self._next_bundle += 1
+        return self._launch(index, pg, self._next_bundle - 1, owns_pg=False)
+
+    def _launch_for_growth(self, index: int) -> Slot:
+        """A new stage: the next reserved bundle, or a placement group of its own."""
+        if self._reserved_pg is not None:
+            return self._launch_in_shared(index)
+        return self._launch(index, make_stage_pg(self.cfg, 1, "PACK"), 0, owns_pg=True)
+
+    def _launch(self, index: int, pg: Any, bundle_index: int, owns_pg: bool) -> Slot:
+        groups = getattr(self.actor_class, "CONCURRENCY_GROUPS", None)
+        actor = ray.remote(concurrency_groups=groups)(self.actor_class) if groups else ray.remote(self.actor_class)
+        opts = in_bundle(actor, self.cfg, pg, bundle_index, name=f"{self.run_name}/stage{index}", max_concurrency=1)
+        return Slot(opts.remote(index, self.cfg), pg, owns_pg, bundle_index)
+
+    def _resources_text(self) -> str:
+        b = stage_bundle(self.cfg, ray.cluster_resources().get("GPU", 0) > 0)
+        return ", ".join(f"{v:g} {k}" for k, v in b.items()) + " per stage"
+
+    def _kill_all(self) -> None:
+        """Kill every stage actor (their bundles stay reserved: replacements go into them)."""
+        for slot in self.slots:
+            if slot.host is None:
+                with contextlib.suppress(Exception):  # already dead
+                    ray.kill(slot.handle, no_restart=True)
+        for slot in self.slots:
+            if slot.host is None:
+                _wait_name_free(f"{self.run_name}/stage{slot.index}")
+
+    def discard_block(self, block: Prepared) -> None:
+        self._discard(block.handle)
+
+    def _discard(self, slot: Slot) -> None:
+        if slot.host is not None:  # the host actor serves other blocks
+            return
+        with contextlib.suppress(Exception):  # already dead
+            ray.kill(slot.handle, no_restart=True)
+        if slot.owns_pg:
+            with contextlib.suppress(Exception):
+                remove_placement_group(slot.pg)
+
+    # ---- the engine's common answers ------------------------------------------------------------------
+    def evaluate(self) -> dict[str, Any]:
+        topology = [s.spec.to_dict() for s in self.slots if s.spec]
+        states = [s.handle.state_dict.remote(s.index) for s in self.slots]
+        return self._get(self.slots[0].handle.evaluate.remote(topology, self.info, *states), "evaluating")
+
+    def checksums(self) -> dict[int, str]:
+        sums = self._get_all([s.handle.checksum.remote(s.index) for s in self.slots], "checksumming the blocks")
+        return {s.index: v for s, v in zip(self.slots, sums, strict=True)}
+
+    def save(self, ckpt_dir: str) -> list[dict[str, Any]]:
+        return self._get_all([s.handle.save_shard.remote(ckpt_dir, s.index) for s in self.slots],
+                             "writing a checkpoint")  # fmt: skip
+
+    def layout(self) -> dict[str, Any]:
+        return {"hosts": [s.host for s in self.slots]}
+
+    def restore(self, ckpt_dir: str, shards: list[dict[str, Any]]) -> None:
+        self._get_all([s.handle.restore.remote(ckpt_dir, shards, s.index) for s in self.slots],
+                      "restoring the blocks from the checkpoint")  # fmt: skip
+
+    def final_states(self) -> list[dict[str, Any]]:
+        return self._get_all([s.handle.state_dict.remote(s.index) for s in self.slots], "collecting the weights")
+
+    def extras(self) -> dict[str, Any]:
+        return {
+            "placement": [
+                {"stage": i, "placement_group": s.pg.id.hex() if s.pg else None, "bundle": s.bundle,
+                 "packed_into": s.host}
+                for i, s in enumerate(self.slots)
+            ]
+        }  # fmt: skip
+
+    def stop(self) -> None:
+        """Kill every stage actor and release every placement group (they outlive the actor that made them)."""
+        for slot in self.slots:
+            with contextlib.suppress(Exception):  # already dead
+                ray.kill(slot.handle, no_restart=True)
+        for pg in [s.pg for s in self.slots if s.owns_pg] + ([self._shared_pg] if self._shared_pg else []):
+            with contextlib.suppress(Exception):  # already gone with a dead node: nothing left to release
+                remove_placement_group(pg)
+        self._shared_pg = None
+        self.slots = []
+
+    # ---- calls ----------------------------------------------------------------------------------------
+    def _get(self, ref: Any, what: str) -> Any:
+        return self._get_all([ref], what)[0]
+
+    def _get_all(self, refs: list[Any], what: str) -> list[Any]:
+        timeout = self.cfg.runtime.stage_timeout_s
+        try:
+            return ray.get(refs, timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise PipelineError(f"{what} took more than runtime.stage_timeout_s={timeout:g}s") from None
+        except ray.exceptions.RayError as e:
+            raise ray_error(e) from None
+
+    def _wait_long(self, ref: Any, poll: Any = None) -> Any:
+        """Wait for work of no fixed length (an epoch): a dead stage fails `ref` at once, a stuck packet
+        times out inside the stages (runtime.stage_timeout_s). `poll()` runs between checks."""
+        try:
+            while True:
+                ready, _ = ray.wait([ref], timeout=0.2)
+                if ready:
+                    return ray.get(ref)
+                if poll is not None:
+                    poll()
+        except ray.exceptions.RayError as e:
+            raise ray_error(e) from None
+
+
+def ray_error(e: BaseException) -> BaseException:
+    """The error a Ray failure stands for: WorkerLost for a dead actor, else the stage's own error."""
+    if isinstance(e, ray.exceptions.RayActorError):
+        return WorkerLost(f"a stage actor died ({str(e).splitlines()[0]})")
+    cause = getattr(e, "cause", None)
+    if isinstance(cause, StageLostError):
+        return WorkerLost(str(cause))
+    if isinstance(cause, ray.exceptions.RayActorError):
+        return WorkerLost(f"a stage actor died ({str(cause).splitlines()[0]})")
+    return cause if isinstance(cause, Exception) else e
+
+
+def _wait_name_free(name: str, timeout_s: float = 30.0) -> None:
+    """Wait until a killed actor's name can be taken again."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(name, namespace=NAMESPACE)
+        except ValueError:
+            return
+        time.sleep(0.1)

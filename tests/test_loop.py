@@ -1,0 +1,285 @@
+"""The run loop a step at a time with a fake engine (no Ray, no torch training): planned growth, a grow
+request mid-epoch, the grow limit under concurrent requests, a lost worker and the retry, resume; and the
+policies it asks."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from growpipe.checkpoint import CheckpointStore
+from growpipe.loop.callbacks import RunCallback
+from growpipe.loop.engine import EpochPart, Prepared, WorkerLost
+from growpipe.loop.loop import RunLoop
+from growpipe.loop.policies import CheckpointTiming, Raise, Retry, decide_failure, grow_refusal, pack_host
+from growpipe.loop.stats import StageStats, merge_by_stage
+from growpipe.nn.specs import InputInfo
+from tests.conftest import tiny_config
+
+BATCHES = 10
+
+
+class FakeEngine:
+    """Counts batches instead of training; records what the loop asked it to do."""
+
+    name = "fake"
+    stage_table = True
+    pauses_mid_epoch = True
+    net = "the fake net"  # the loop hands it to the callbacks as it is
+
+    def __init__(self, fail_at: tuple[int, int] | None = None, on_batch=None):
+        self.fail_at = fail_at  # (epoch, batch) where a worker is lost, once
+        self.on_batch = on_batch  # called with (epoch, batch) before each batch
+        self.trained: list[tuple[int, int, int]] = []  # (epoch, batch, blocks) of every batch trained
+        self.calls: list[tuple] = []
+        self.depth = 0
+        self.gate: threading.Event | None = None  # prepare_block waits on it when set
+        self.preparing = threading.Event()
+
+    def open(self, layout):
+        self.calls.append(("open",))
+        return InputInfo((4,), "float", 3), "fake data"
+
+    def build(self, specs, layout):
+        self.depth = len(specs)
+        self.calls.append(("build", len(specs)))
+        return f"fake net of {len(specs)} blocks"
+
+    def run_epoch(self, epoch, start_batch, stop_at, poll):
+        self.calls.append(("run_epoch", epoch, start_batch, stop_at))
+        stats = StageStats(0, "fake")
+        for b in range(start_batch, BATCHES):
+            if self.on_batch:
+                self.on_batch(epoch, b)
+            if (stop_at is not None and b >= stop_at) or poll():
+                return EpochPart([stats], stats.samples, b)
+            if self.fail_at == (epoch, b):
+                self.fail_at = None
+                raise WorkerLost("stage 1 died (killed)")
+            self.trained.append((epoch, b, self.depth))
+            stats.samples += 8
+            stats.batches += 1
+            stats.add_losses({f"b{self.depth - 1}.loss": 1.0 / epoch})
+        return EpochPart([stats], stats.samples, None)
+
+    def prepare_block(self, spec):
+        self.preparing.set()
+        if self.gate is not None:
+            assert self.gate.wait(10)
+        self.calls.append(("prepare", spec.index))
+        return Prepared(spec, f"worker {spec.index}")
+
+    def attach_block(self, block, freeze):
+        self.depth += 1
+        self.calls.append(("attach", block.spec.index, freeze))
+
+    def discard_block(self, block):
+        self.calls.append(("discard", block.spec.index))
+
+    def cache_prefix(self):
+        return None
+
+    def evaluate(self):
+        k = self.depth
+        return {"full_accuracy": 0.5, "exit_depths": list(range(1, k + 1)), "exit_accuracy": [0.5] * k,
+                "macs_per_exit": [1] * k, "adaptive": [], "confidence": "max_prob", "val_accuracy": None}  # fmt: skip
+
+    def checksums(self):
+        return {i: f"sum{i}" for i in range(self.depth)}
+
+    def save(self, ckpt_dir):
+        Path(ckpt_dir).mkdir(parents=True)
+        self.calls.append(("save", Path(ckpt_dir).name))
+        return []
+
+    def layout(self):
+        return {}
+
+    def restore(self, ckpt_dir, shards):
+        self.calls.append(("restore", Path(ckpt_dir).name))
+
+    def recover(self, specs, layout):
+        self.depth = len(specs)
+        self.calls.append(("recover", len(specs)))
+        return "recovered"
+
+    def final_states(self):
+        return []
+
+    def position(self):
+        return None
+
+    def extras(self):
+        return {}
+
+    def stop(self):
+        self.calls.append(("stop",))
+
+
+class States(RunCallback):
+    def __init__(self):
+        self.names: list[str] = []
+
+    def on_state_change(self, prev, nxt):
+        self.names.append(nxt.name)
+
+
+def _cfg(**extra):
+    return tiny_config(name="fake", **extra)
+
+
+def _loop(cfg, engine, tmp_path: Path | None = None, **kw):
+    store = CheckpointStore(str(tmp_path), cfg.name) if tmp_path else None
+    states = States()
+    return RunLoop(cfg, engine, store=store, callbacks=[states], **kw), states
+
+
+def test_planned_growth_happens_after_its_epoch_and_the_new_block_trains_from_the_next():
+    engine = FakeEngine()
+    loop, states = _loop(_cfg(train={"epochs": 2}, grow={"schedule": [{"kind": "layer", "epochs": 1}]}), engine)
+    result = loop.run()
+    assert [(e, d) for e, b, d in engine.trained if b == 0] == [(1, 2), (2, 2), (3, 3)]
+    assert [(g["epoch"], g["batch"], g["blocks"], g["source"]) for g in result["growth"]] == [(2, None, 3, "schedule")]
+    assert ("attach", 2, True) in engine.calls
+    assert states.names == ["training", "growing", "caching", "training", "finished"]
+    assert [h["training"] for h in result["history"]] == [2, 2, 1]  # the earlier blocks frozen
+    assert result["epochs"] == 3 and result["blocks"] == 3 and engine.calls[-1] == ("stop",)
+
+
+def test_checkpoints_pause_the_epoch_at_every_batches_and_at_epoch_ends(tmp_path: Path):
+    engine = FakeEngine()
+    loop, _ = _loop(_cfg(train={"epochs": 1}, checkpoint={"enabled": True, "every_batches": 4}), engine, tmp_path)
+    loop.run()
+    runs = [c[1:] for c in engine.calls if c[0] == "run_epoch"]
+    assert runs == [(1, 0, 4), (1, 4, 8), (1, 8, 12)]
+    saves = [c[1] for c in engine.calls if c[0] == "save"]
+    assert saves == ["ckpt-000000-0000000-0001", "ckpt-000000-0000004-0002", "ckpt-000000-0000008-0003",
+                     "ckpt-000001-0000000-0004"]  # fmt: skip
+    assert len(engine.trained) == BATCHES  # pausing loses no batch and repeats none
+
+
+def test_a_request_mid_epoch_is_placed_while_training_goes_on_then_attached_at_the_next_batch():
+    answers: list[dict] = []
+    askers: list[threading.Thread] = []
+    loop: RunLoop
+
+    def ask(epoch, batch):
+        if (epoch, batch) == (1, 3) and not askers:
+            askers.append(threading.Thread(target=lambda: answers.append(loop.grow({"kind": "layer", "width": 16}))))
+            askers[0].start()
+            deadline = time.monotonic() + 10
+            while loop.orders.empty() and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+    engine = FakeEngine(on_batch=ask)
+    loop, states = _loop(_cfg(train={"epochs": 2}, grow={"max_blocks": 4}), engine)
+    result = loop.run()
+    askers[0].join(10)
+    assert [d for e, b, d in engine.trained if e == 1] == [2] * 3 + [3] * 7  # batches 0-2, then the new block
+    assert [d for e, b, d in engine.trained if e == 2] == [3] * BATCHES
+    (event,) = result["growth"]
+    assert (event["epoch"], event["batch"], event["source"], event["block"]) == (0, 3, "request", 2)
+    assert answers and answers[0]["block"] == 2 and answers[0]["blocks"] == 3
+    assert states.names[:3] == ["training", "growing", "training"]  # a request grows through GROWING too
+    assert loop.grow({"kind": "layer"})["error"] == "run 'fake' has finished; nothing to grow"
+
+
+def test_two_requests_never_pass_grow_max_blocks_while_the_first_is_being_placed():
+    """The first request is dequeued and its block is being placed (in neither the net nor the queue) when
+    the second arrives: it must be refused, not attached as a fourth block."""
+    answers: dict[str, dict] = {}
+    askers: list[threading.Thread] = []
+    loop: RunLoop
+
+    def second() -> None:
+        assert engine.preparing.wait(10)  # the loop took the first one and is placing its block
+        answers["second"] = loop.grow({"kind": "layer"})  # answered at once, while the first is placed
+        engine.gate.set()
+
+    def ask(epoch, batch):
+        if (epoch, batch) == (1, 2) and not askers:
+            askers.append(threading.Thread(target=lambda: answers.setdefault("first", loop.grow({"kind": "layer"}))))
+            askers[0].start()
+            deadline = time.monotonic() + 10
+            while loop.orders.empty() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            askers.append(threading.Thread(target=second))
+            askers[1].start()
+
+    engine = FakeEngine(on_batch=ask)
+    engine.gate = threading.Event()
+    loop, _ = _loop(_cfg(train={"epochs": 1}, grow={"max_blocks": 3}), engine)
+    result = loop.run()
+    for t in askers:
+        t.join(10)
+    assert "grow.max_blocks=3" in answers["second"]["error"]
+    assert answers["first"]["blocks"] == 3 and result["blocks"] == 3 and engine.depth == 3
+
+
+def test_a_lost_worker_is_retried_from_the_newest_checkpoint_and_the_run_ends_as_planned(tmp_path: Path):
+    engine = FakeEngine(fail_at=(2, 5))
+    lines: list[str] = []
+    loop, states = _loop(_cfg(train={"epochs": 3}, checkpoint={"enabled": True}), engine, tmp_path, say=lines.append)
+    result = loop.run()
+    assert result["restarts"] == 1 and "restoring" in states.names
+    assert ("recover", 2) in engine.calls and ("restore", "ckpt-000001-0000000-0002") in engine.calls
+    assert [b for e, b, _ in engine.trained if e == 2] == [0, 1, 2, 3, 4, *range(BATCHES)]  # epoch 2 again
+    assert [h["epoch"] for h in result["history"]] == [1, 2, 3]
+    assert any(line.startswith("recover stage 1 died (killed); restart 1/3") for line in lines)
+
+
+def test_a_failing_block_or_no_restarts_left_ends_the_run(tmp_path: Path):
+    engine = FakeEngine(fail_at=(1, 2))
+    cfg = _cfg(checkpoint={"enabled": True}, runtime={"max_stage_restarts": 0})
+    loop, states = _loop(cfg, engine, tmp_path)
+    assert "giving up after 0 restart(s)" in loop.run()["error"] and states.names[-1] == "errored"
+    assert engine.calls[-1] == ("stop",)
+
+    class Broken(FakeEngine):
+        def evaluate(self):
+            raise ValueError("a block's exit failed")
+
+    loop, _ = _loop(_cfg(checkpoint={"enabled": True}), Broken(), tmp_path)
+    assert loop.run() == {"error": "ValueError: a block's exit failed"}  # not a lost worker: no retry
+    assert isinstance(loop.failure, ValueError)
+
+
+def test_resume_goes_on_after_the_checkpoint_without_repeating_growth(tmp_path: Path):
+    grow = {"schedule": [{"kind": "layer", "epochs": 2}]}
+    first, _ = _loop(_cfg(train={"epochs": 1}, grow=grow, checkpoint={"enabled": True}), FakeEngine(), tmp_path)
+    first.run()
+    latest = CheckpointStore(str(tmp_path), "fake").latest()
+    assert (latest.epoch, latest.batch) == (3, 0)
+    longer = _cfg(train={"epochs": 2}, grow=grow, checkpoint={"enabled": True})  # one more epoch before growth
+    engine = FakeEngine()
+    loop, _ = _loop(longer, engine, tmp_path, resume=latest.path)
+    result = loop.run()
+    assert ("build", 3) in engine.calls and ("restore", Path(latest.path).name) in engine.calls
+    assert [h["epoch"] for h in result["history"]] == [1, 2, 3, 4] and len(result["growth"]) == 1
+    assert {e for e, _, _ in engine.trained} == {4}  # only what the first run had not trained
+
+
+def test_policies_decide_without_a_run():
+    assert decide_failure("x", lost=False, restarts=0, limit=3, latest="/c", checkpoints=True) == Raise("x")
+    assert decide_failure("x", True, 0, 3, "/c", True) == Retry("/c", 1)
+    assert "checkpoint.enabled is false" in decide_failure("x", True, 0, 3, None, False).message
+    assert "giving up after 3" in decide_failure("x", True, 3, 3, "/c", True).message
+    timing = CheckpointTiming(True, 2, 0)
+    assert [e for e in range(1, 6) if timing.at_epoch_end(e, 5)] == [2, 4, 5]
+    assert CheckpointTiming(True, 1, 4).next_stop(5) == 8 and CheckpointTiming(False, 1, 4).next_stop(0) is None
+    assert grow_refusal("r", 2, 0, 3) is None and "counting 1 request" in grow_refusal("r", 2, 1, 3)
+    assert pack_host("pack", 1) == 1 and pack_host("fail", 1) is None
+
+
+def test_stage_stats_merge_pieces_of_an_epoch():
+    a, b = StageStats(1, "X", samples=8, batches=1, busy_s=1.0), StageStats(1, "X", samples=8, batches=2, busy_s=2.0)
+    a.add_losses({"b1.ce": 1.0})
+    b.add_losses({"b1.ce": 2.0})
+    b.add_losses({"b1.ce": 3.0})
+    (m,) = merge_by_stage([a, b])
+    assert (m.samples, m.batches, m.busy_s, m.losses) == (16, 3, 3.0, {"b1.ce": 2.0})
+    m.wall_s = 6.0
+    assert m.row()["utilisation"] == pytest.approx(0.5)
