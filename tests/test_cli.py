@@ -175,3 +175,34 @@ def test_damaged_manifest_is_named(tmp_path: Path, capsys):
     (ck / "manifest.json").write_text("{not json")
     assert main(["evaluate", "--checkpoint", str(ck)]) == 2
     assert "manifest.json is not valid JSON" in capsys.readouterr().err
+
+
+def test_problems_found_before_ray_are_reported_together_and_nothing_runs(tmp_path: Path, capsys):
+    out = "/proc/forbidden/r.json"
+    sets = ["checkpoint.enabled=true", "checkpoint.uri=foo://bar", "net.blocks=64"]
+    code = main(["train", *FAST, *(a for kv in sets for a in ("--set", kv)), "--json-out", out])
+    err = capsys.readouterr().err
+    assert code == 2 and "3 problem(s) before the run" in err
+    assert "checkpoint.uri 'foo://bar'" in err and f"--json-out {out}: /proc" in err
+    assert "net.blocks: the run's 64 block(s) need 64 CPUs" in err and "--address" in err
+
+
+def test_evaluate_reads_run_checkpoints_and_refuses_a_damaged_saved_net(tmp_path: Path, capsys):
+    from growpipe.checkpoint import CheckpointStore
+    from growpipe.local import train_local
+    from tests.conftest import tiny_config
+
+    cfg = tiny_config(name="ev", checkpoint={"enabled": True, "uri": str(tmp_path / "runs")})
+    r = train_local(cfg, progress=None)
+    latest = CheckpointStore(str(tmp_path / "runs"), "ev").latest()
+    for where in (latest.path, str(tmp_path / "runs" / "ev")):  # one run checkpoint, or the run's folder
+        assert main(["evaluate", "--checkpoint", where, "--json-out", str(tmp_path / "ev.json")]) == 0
+        assert json.loads((tmp_path / "ev.json").read_text())["full_accuracy"] == r.result["test_accuracy"]
+    save_net(tmp_path / "ck", r.net, cfg)
+    state = tmp_path / "ck" / "state.pt"
+    data = bytearray(state.read_bytes())
+    data[-100] ^= 0xFF
+    state.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert main(["evaluate", "--checkpoint", str(tmp_path / "ck")]) == 2
+    assert "state.pt does not match the SHA-256 in its manifest" in capsys.readouterr().err

@@ -168,3 +168,26 @@ def test_limit_subsamples(tmp_path: Path):
     b = load_data(DataSpec(limit_train=100, limit_test=50))
     assert (len(b.train), len(b.test)) == (100, 50)
     assert json.dumps(b.summary())
+
+
+def _csvs(tmp_path: Path, train: pd.DataFrame, test: pd.DataFrame) -> DataSpec:
+    train.to_csv(tmp_path / "train.csv", index=False)
+    test.to_csv(tmp_path / "test.csv", index=False)
+    return DataSpec(name=f"csv:{tmp_path}", text_column="none")
+
+
+def test_tabular_label_outliers_nan_features_and_dropped_columns_are_named(tmp_path: Path):
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame(rng.normal(size=(12, 2)), columns=["a", "b"])
+    frame["label"] = [0, 1, 2] * 4
+    odd = frame.copy()
+    odd.loc[5, "label"] = 99  # one stray label: 100 classes inferred, 96 of them empty
+    with pytest.raises(DataError, match=r"column 'label': labels run up to 99 but only 4 distinct classes appear"):
+        load_data(_csvs(tmp_path, odd, frame))
+    holes = frame.copy()
+    holes.loc[3, "b"] = np.nan
+    with pytest.raises(DataError, match=r"column 'b' has 1 missing \(NaN\) value\(s\) in the train split"):
+        load_data(_csvs(tmp_path, holes, frame))
+    words = frame.assign(colour=["red", "blue", "green"] * 4)
+    b = load_data(_csvs(tmp_path, words, words))
+    assert b.input_shape == (2,) and "warning: dropped 1 non-numeric column(s): colour" in b.summary()

@@ -33,3 +33,24 @@ def test_loss_of_block_j_changes_no_gradient_of_other_blocks(method, backbone):
                 assert all(g is None for g in grads), f"block {j}'s loss reached block {i}"
                 assert all(torch.equal(a, c) for a, c in zip(before[i], b.parameters(), strict=True))
         p = out
+
+
+def test_dependencies_point_downward():
+    """nn/ never imports Ray, the loop, the runtime or the whole run config; loop/ never imports Ray, the
+    runtime or tracking (imports inside functions included)."""
+    import ast
+
+    from tests.conftest import REPO
+
+    rules = {"nn": ("ray", "growpipe.loop", "growpipe.runtime", "growpipe.tune", "growpipe.tracking"),
+             "loop": ("ray", "growpipe.runtime", "growpipe.tune", "growpipe.tracking")}  # fmt: skip
+    for package, banned in rules.items():
+        for path in (REPO / "src" / "growpipe" / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    names = [node.module]
+                    if package == "nn" and node.module == "growpipe.config":
+                        assert "RunConfig" not in {a.name for a in node.names}, f"{path.name} reads a RunConfig"
+                bad = [n for n in names if n == "ray" or n.startswith(("ray.", *(b for b in banned if b != "ray")))]
+                assert not bad, f"{package}/{path.name} imports {bad}"

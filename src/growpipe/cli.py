@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -170,7 +171,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         "--plot-out": args.plot_out,
         "--trace-out": args.trace_out,
     }
-    check_run(cfg, outputs)
+    embedded = args.runtime == "ray" and not (args.address or os.environ.get("RAY_ADDRESS"))
+    check_run(cfg, outputs, embedded_ray=embedded)
     if cfg.method == "bp" and args.runtime == "ray":
         from growpipe.runtime.gpipe import check_bp
 

@@ -20,7 +20,7 @@ DATASET_PREFIXES = ("hf:", "parquet:", "csv:", "json:")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
 
 
 class FeatureGroupsSpec(_Strict):
@@ -64,7 +64,9 @@ class DataSpec(_Strict):
     """Check torchvision's MD5 sums of CIFAR files (its python batches are pickles: only turn this off for
     files you made yourself)."""
     text_column: str = "text"
+    """Column holding the text of each sample (a table without it becomes numeric features)."""
     label_column: str = "label"
+    """Column holding each sample's class (integers 0..k-1, or strings mapped in sorted order)."""
     num_classes: int | None = Field(None, ge=2)
     """Number of classes; labels must lie in [0, num_classes). Default: the dataset's own count."""
     vocab_size: int = Field(20000, ge=3)
@@ -72,12 +74,15 @@ class DataSpec(_Strict):
     max_len: int = Field(256, ge=4)
     """Tokens kept per document."""
     batch_size: int = Field(64, ge=1)
+    """Samples per mini-batch (one packet through the pipeline, one optimizer step per block)."""
     limit_train: int | None = Field(None, ge=1)
     """Use only the first N training samples (after a seeded shuffle); for quick runs."""
     limit_test: int | None = Field(None, ge=1)
+    """Use only the first N test samples (after a seeded shuffle); for quick runs."""
     val_fraction: float = Field(0.0, ge=0.0, lt=1.0)
     """Share of the training samples held out (seeded) as a validation split; grow.on_plateau watches it."""
     feature_groups: FeatureGroupsSpec = FeatureGroupsSpec()
+    """How the inputs are cut into groups for feature accumulation (kind: feature growth)."""
 
     @field_validator("name")
     @classmethod
@@ -94,17 +99,24 @@ class NetSpec(_Strict):
     """The backbone and how it is cut into blocks."""
 
     backbone: Literal["mlp", "cnn", "resnet18", "embedding", "lstm", "transformer"] = "mlp"
+    """The encoder family cut into blocks: mlp, cnn (VGG-style), resnet18 (its 8 residual units), embedding
+    (bag of words), lstm (BiLSTM), transformer."""
     blocks: int = Field(2, ge=1, le=64)
+    """Blocks at the start (one stage actor each on Ray)."""
     width: int = Field(256, ge=1)
     """MLP hidden size, LSTM hidden size per direction, transformer model size."""
     widths: list[int] | None = None
     """Per-block width (MLP units or CNN channels); overrides width; one entry per block."""
     layers_per_block: int = Field(1, ge=1, le=16)
+    """Layers (MLP layers, conv layers, recurrent or transformer layers) in each block."""
     layers: list[int] | None = None
     """Layers of each block (overrides layers_per_block; one entry per block), e.g. from growpipe partition."""
     embed_dim: int = Field(128, ge=1)
+    """Token embedding size (text backbones)."""
     heads: int = Field(4, ge=1)
+    """Attention heads of a transformer block (the width must be divisible by it)."""
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout inside the encoders (each block draws its masks from its own seeded stream)."""
     pooling: Literal["mean", "tfidf"] = "mean"
     """embedding backbone: mean (block 2 averages token embeddings) or tfidf (block 1 returns the
     sublinear-tf x idf weighted, L2-normalised bag of embeddings: a learned map of the TF-IDF vector)."""
@@ -145,9 +157,13 @@ class OptimSpec(_Strict):
     epochs: int = Field(10, ge=0)
     """Epochs for the initial blocks, before any growth step."""
     optimizer: Literal["adam", "adamw", "sgd"] = "adam"
+    """The optimizer of every block (one per independent part of a block)."""
     lr: float = Field(1e-3, gt=0)
+    """Learning rate."""
     momentum: float = Field(0.9, ge=0, lt=1)
+    """SGD momentum (sgd only)."""
     weight_decay: float = Field(0.0, ge=0)
+    """L2 weight decay (decoupled for adamw)."""
     fused: bool = True
     """Adam/AdamW: torch's fused kernel (one pass over each parameter; a 1280-wide MLP block step on one
     CPU thread: 25.4 -> 17.1 ms). false: the per-tensor loop (the figures in bench/RESULTS.md before
@@ -170,8 +186,11 @@ class SCPLSpec(_Strict):
     """Supervised-contrastive options (SCPL and DASCPL)."""
 
     temperature: float = Field(0.1, gt=0)
+    """Temperature of the supervised-contrastive loss."""
     projector: Literal["identity", "linear", "mlp"] = "mlp"
+    """Projection head the contrastive loss sees: identity, linear, or mlp (Linear-ReLU-Linear)."""
     proj_dim: int = Field(128, ge=2)
+    """Output size of a linear or mlp projector."""
 
 
 class RuleSettings(_Strict):
@@ -194,6 +213,7 @@ class _BlockAsk(_Strict):
     """Which block to append: a layer on top, or a block that also reads a new feature group."""
 
     kind: Literal["layer", "feature"] = "layer"
+    """layer: a block on top of the last one; feature: a block on top that also reads a new feature group."""
     group: str | None = None
     """Feature group the new block receives (kind=feature)."""
     width: int | None = Field(None, ge=1)
@@ -213,6 +233,7 @@ class GrowStep(_BlockAsk):
     """One growth step of the schedule: append a block, then train it."""
 
     epochs: int = Field(1, ge=0)
+    """Epochs to train after this block is appended, before the next step."""
 
 
 class GrowRequest(_BlockAsk):
@@ -231,6 +252,7 @@ class PlateauSpec(_Strict):
     patience: int = Field(2, ge=1)
     """Epochs without an improvement of at least min_delta (since the last growth) before growing."""
     min_delta: float = Field(0.002, ge=0.0)
+    """Smallest rise of validation accuracy that counts as an improvement."""
 
 
 class CacheSpec(_Strict):
@@ -238,6 +260,7 @@ class CacheSpec(_Strict):
     for every training sample is computed once and the new block trains from it."""
 
     enabled: bool = True
+    """Build the cache after a growth with the earlier blocks frozen."""
     max_memory_mb: float = Field(1024.0, gt=0)
     """Largest cache kept in the training stage's memory."""
     spill: bool = True
@@ -255,8 +278,11 @@ class GrowSpec(_Strict):
     """
 
     schedule: list[GrowStep] = []
+    """Growth steps in order; train.epochs come first, then each step's own epochs."""
     every_epochs: int | None = Field(None, ge=1)
+    """Append `step` every N epochs (up to max_blocks)."""
     on_plateau: PlateauSpec | None = None
+    """Append `step` when validation accuracy stops improving (needs data.val_fraction)."""
     step: GrowStep = GrowStep()
     """The block every_epochs / on_plateau append (its epochs field is not used)."""
     max_blocks: int | None = Field(None, ge=1, le=64)
@@ -264,6 +290,7 @@ class GrowSpec(_Strict):
     freeze: bool = True
     """Freeze earlier blocks when a block is appended (only the new block trains)."""
     cache: CacheSpec = CacheSpec()
+    """The frozen-prefix cache (local-learning pipeline on Ray)."""
     on_no_capacity: Literal["fail", "pack"] = "fail"
     """A new block whose stage cannot be placed within runtime.placement_timeout_s: fail the growth (a
     request is refused, a planned growth ends the run), or pack the block into the last stage's actor."""
@@ -291,6 +318,7 @@ class EvalSpec(_Strict):
     """Evaluation: exits and adaptive inference."""
 
     thresholds: list[float] = [0.5, 0.7, 0.8, 0.9, 0.95, 0.99]
+    """Confidence thresholds of adaptive inference: a sample leaves at the first exit this confident."""
     confidence: Literal["max_prob", "entropy"] = "max_prob"
     """max_prob: highest softmax probability; entropy: 1 - normalised entropy."""
 
@@ -358,10 +386,11 @@ class RuntimeSpec(_Strict):
 
 
 class CheckpointSpec(_Strict):
-    """Run checkpoints (Ray runtime): every stage's block and optimizer state plus a manifest, for resume
-    and for recovering from a lost stage actor."""
+    """Run checkpoints (every engine): every block's modules and optimizer state plus a manifest, for resume
+    and for recovering from a lost worker."""
 
     enabled: bool = True
+    """Write run checkpoints (every engine)."""
     uri: str = "runs/checkpoints"
     """A local path (shared by every node on a cluster) or a pyarrow.fs URI such as s3://bucket/prefix;
     checkpoints go to URI/RUN_NAME/."""
@@ -377,9 +406,11 @@ class TrackingSpec(_Strict):
     """Where a run is recorded (MLflow)."""
 
     mlflow: bool = True
+    """Record the run in MLflow."""
     uri: str | None = None
     """MLflow tracking URI; default $MLFLOW_TRACKING_URI, else sqlite:///<workdir>/mlflow.db."""
     experiment: str = "growpipe"
+    """MLflow experiment of the run."""
     workdir: str = "runs"
     """Local directory for the default sqlite store and for tracking entries that could not be sent."""
     run_id: str | None = None
@@ -392,22 +423,35 @@ class RunConfig(_Strict):
     """A whole run: what to train, on what, how, and how it grows."""
 
     name: str = "growpipe"
+    """The run's name: its controller actor on the cluster, its MLflow run, its checkpoint folder."""
     method: Literal["al", "scpl", "dascpl", "bp"] = "al"
+    """The learning rule: al, scpl, dascpl (local objectives per block) or bp (end to end)."""
     seed: int = 0
+    """Seeds the data order and every block's weights and dropout."""
     device: str = "auto"
     """auto (CUDA when present), cpu, cuda, cuda:N."""
     threads: int = Field(0, ge=0)
     """torch threads for the reference trainer (0: torch's default)."""
     data: DataSpec = DataSpec()
+    """The dataset and its batching."""
     net: NetSpec = NetSpec()
+    """The backbone and how it is cut into blocks."""
     train: OptimSpec = OptimSpec()
+    """Epochs and the optimizer."""
     al: ALSpec = ALSpec()
+    """Associated Learning settings."""
     scpl: SCPLSpec = SCPLSpec()
+    """SCPL / DASCPL settings."""
     grow: GrowSpec = GrowSpec()
+    """When and how the net grows."""
     eval: EvalSpec = EvalSpec()
+    """Evaluation: exits and adaptive inference."""
     runtime: RuntimeSpec = RuntimeSpec()
+    """How the run uses Ray."""
     tracking: TrackingSpec = TrackingSpec()
+    """Where the run is recorded (MLflow)."""
     checkpoint: CheckpointSpec = CheckpointSpec()
+    """Restore points for resume and recovery."""
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:
@@ -470,6 +514,18 @@ def parse_value(text: str) -> Any:
         return text
 
 
+def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
+    """raw["a"]["b"] = value for key "a.b" (sections created as needed)."""
+    node = raw
+    *head, last = key.strip().split(".")
+    for part in head:
+        nxt = node.setdefault(part, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"{key}: {part!r} is a value, not a section")
+        node = nxt
+    node[last] = value
+
+
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Return a copy of `raw` with each `dotted.key=value` applied."""
     out = copy.deepcopy(raw)
@@ -477,14 +533,10 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         if "=" not in item:
             raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set train.lr=0.01")
         key, value = item.split("=", 1)
-        node = out
-        parts = key.strip().split(".")
-        for part in parts[:-1]:
-            nxt = node.setdefault(part, {})
-            if not isinstance(nxt, dict):
-                raise ConfigError(f"--set {key}: {part!r} is a value, not a section")
-            node = nxt
-        node[parts[-1]] = parse_value(value)
+        try:
+            set_dotted(out, key, parse_value(value))
+        except ConfigError as e:
+            raise ConfigError(f"--set {e}") from None
     return out
 
 

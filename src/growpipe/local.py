@@ -90,7 +90,7 @@ class LocalEngine:
 
     def prepare_block(self, spec: BlockSpec) -> Prepared:
         assert self.info is not None
-        return Prepared(spec, handle=build_block(self.cfg.rule(), spec, self.info))
+        return Prepared(spec, handle=build_block(self.cfg.rule(), spec, self.info), cacheable=False)
 
     def attach_block(self, block: Prepared, freeze: bool) -> None:
         net = self._net()

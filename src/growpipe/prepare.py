@@ -4,7 +4,9 @@ reported together, and the run's store and callbacks."""
 
 from __future__ import annotations
 
+import math
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,11 +28,40 @@ def resolve_paths(cfg: RunConfig) -> RunConfig:
     return cfg.model_copy(update={"tracking": tracking, "checkpoint": checkpoint})
 
 
-def check_run(cfg: RunConfig, outputs: dict[str, str | None] | None = None) -> None:
+EMBEDDED_CPUS_PER_CORE = 4
+"""How far an embedded Ray oversubscribes this machine's cores by default (stage actors of small blocks
+share a core well; dozens of them on two cores only start workers that never get to train)."""
+
+
+def logical_cpus_needed(cfg: RunConfig) -> int:
+    """CPUs a run's workers reserve once it has grown to its largest (stage actors or DDP workers)."""
+    workers = cfg.max_blocks()
+    if cfg.method == "bp" and cfg.runtime.bp_schedule == "ddp":
+        workers = max(workers, cfg.runtime.ddp_workers or cfg.net.blocks)
+    return math.ceil(workers * cfg.runtime.cpus_per_stage)
+
+
+def embedded_capacity_problem(cfg: RunConfig) -> str | None:
+    """Why an embedded local Ray could not place the run's workers (None: it can)."""
+    need = logical_cpus_needed(cfg)
+    cores = os.cpu_count() or 1
+    have = cfg.runtime.num_cpus or EMBEDDED_CPUS_PER_CORE * cores
+    if need <= have:
+        return None
+    limit = f"runtime.num_cpus={have}" if cfg.runtime.num_cpus else f"{have} ({EMBEDDED_CPUS_PER_CORE} per core)"
+    return (f"net.blocks: the run's {cfg.max_blocks()} block(s) need {need} CPUs (runtime.cpus_per_stage="
+            f"{cfg.runtime.cpus_per_stage:g} each); an embedded Ray on this {cores}-core machine offers {limit}: "
+            "lower net.blocks / grow.max_blocks or runtime.cpus_per_stage, raise runtime.num_cpus, or join a "
+            "cluster with --address")  # fmt: skip
+
+
+def check_run(cfg: RunConfig, outputs: dict[str, str | None] | None = None, embedded_ray: bool = False) -> None:
     """Everything about a run that can be checked before Ray starts, reported together (ConfigError, one
-    line per problem): the checkpoint URI's filesystem and the files the run will write (`outputs`: flag
-    -> path)."""
+    line per problem): the checkpoint URI's filesystem, the files the run will write (`outputs`: flag ->
+    path) and, for an embedded Ray, whether this machine can hold the run's workers."""
     problems = []
+    if embedded_ray and (why := embedded_capacity_problem(cfg)):
+        problems.append(why)
     if cfg.checkpoint.enabled:
         try:
             check_uri(cfg.checkpoint.uri)
@@ -44,18 +75,20 @@ def check_run(cfg: RunConfig, outputs: dict[str, str | None] | None = None) -> N
 
 
 def unwritable(path: str | Path) -> str | None:
-    """Why a file or directory cannot be created at `path` (None: it can): the nearest existing parent
-    must be a writable directory."""
+    """Why a file or directory cannot be created at `path` (None: it can): a probe file is created (and
+    removed at once) in the nearest directory that exists, as root's permission bits say little."""
     p = Path(path).expanduser().absolute()
     parent = p.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     if not parent.is_dir():
         return f"{parent} is not a directory; choose another path"
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return f"{parent} is not writable; choose another path"
-    if p.is_dir() and not os.access(p, os.W_OK):
-        return f"{p} is not writable; choose another path"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".growpipe-probe-", dir=parent)
+    except OSError as e:
+        return f"{parent} is not writable ({e.strerror}); choose another path"
+    os.close(fd)
+    os.unlink(probe)
     return None
 
 

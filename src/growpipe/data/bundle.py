@@ -43,6 +43,8 @@ class DataBundle:
     vocab: Vocab | None = None
     val: Split | None = None
     """Held-out part of the training data (data.val_fraction), or None."""
+    notes: list[str] = field(default_factory=list)
+    """What loading left out or changed (e.g. dropped columns), printed with the summary."""
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -63,10 +65,11 @@ class DataBundle:
         """One line describing the bundle."""
         groups = f", side groups {sorted(self.train.side)}" if self.train.side else ""
         vocab = f", vocab {len(self.vocab)}" if self.vocab else ""
+        notes = "".join(f"; warning: {n}" for n in self.notes)
         return (
             f"{self.name}: {self.kind}, train {len(self.train)}, "
             f"{f'val {len(self.val)}, ' if self.val is not None else ''}test {len(self.test)}, "
-            f"{self.num_classes} classes, input {self.input_shape} {self.input_dtype}{vocab}{groups}"
+            f"{self.num_classes} classes, input {self.input_shape} {self.input_dtype}{vocab}{groups}{notes}"
         )
 
 
@@ -76,6 +79,13 @@ def check_labels(y_train: np.ndarray, y_test: np.ndarray, num_classes: int | Non
         if len(y) == 0:
             raise DataError(f"{source}: the {split} split is empty; point data.root at a directory with data")
     classes = num_classes if num_classes is not None else int(y_train.max()) + 1
+    seen = len(np.unique(y_train))
+    if num_classes is None and seen < classes / 2:  # e.g. labels 0, 1, 2 and one 99: 100 classes, 96 empty
+        raise DataError(
+            f"{source}: labels run up to {classes - 1} but only {seen} distinct classes appear in the train split "
+            f"({classes - seen} of {classes} classes would have no sample); relabel them 0..{seen - 1}, or set "
+            "data.num_classes if that many classes are meant"
+        )
     for split, y in (("train", y_train), ("test", y_test)):
         bad = y[(y < 0) | (y >= classes)]
         if len(bad):

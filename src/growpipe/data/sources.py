@@ -265,11 +265,20 @@ def frames_to_bundle(name: str, train: pd.DataFrame, test: pd.DataFrame, spec: D
         xtr = vocab.encode(train[spec.text_column].astype(str).tolist(), spec.max_len)
         xte = vocab.encode(test[spec.text_column].astype(str).tolist(), spec.max_len)
         return DataBundle(name, "text", Split(xtr, ytr), Split(xte, yte), len(class_names), class_names, vocab)
-    feats = [c for c in train.columns if c != label and pd.api.types.is_numeric_dtype(train[c])]
+    others = [c for c in train.columns if c not in (label, "label_name")]
+    feats = [c for c in others if pd.api.types.is_numeric_dtype(train[c])]
     if not feats:
         raise DataError(
             f"{name}: no text column {spec.text_column!r} and no numeric feature columns; set data.text_column"
         )
+    for split, df in (("train", train), ("test", test)):
+        nan = df[feats].isna().sum()
+        if nan.any():
+            col = nan[nan > 0].index[0]
+            raise DataError(f"{name}: column {col!r} has {int(nan[col])} missing (NaN) value(s) in the {split} split "
+                            f"({int((nan > 0).sum())} column(s) have some); fill or drop them first")  # fmt: skip
+    dropped = [str(c) for c in others if c not in feats]
+    notes = [f"dropped {len(dropped)} non-numeric column(s): {', '.join(dropped)}"] if dropped else []
     xtr = torch.tensor(train[feats].to_numpy(np.float32))
     xte = torch.tensor(test[feats].to_numpy(np.float32))
     mean, std = xtr.mean(0, keepdim=True), xtr.std(0, keepdim=True).clamp_min(1e-6)
@@ -280,6 +289,7 @@ def frames_to_bundle(name: str, train: pd.DataFrame, test: pd.DataFrame, spec: D
         Split((xte - mean) / std, yte),
         len(class_names),
         class_names,
+        notes=notes,
     )
 
 
@@ -297,7 +307,7 @@ def _labels(train: pd.DataFrame, test: pd.DataFrame, spec: DataSpec, name: str):
         yte = np.array([index[v] for v in test[col].astype(str)], dtype=np.int64)
         return torch.from_numpy(ytr), torch.from_numpy(yte), names
     ytr, yte = train[col].to_numpy(np.int64, copy=True), test[col].to_numpy(np.int64, copy=True)
-    classes = check_labels(ytr, yte, spec.num_classes, name)
+    classes = check_labels(ytr, yte, spec.num_classes, f"{name} column {col!r}")
     if "label_name" in train.columns:
         pairs = dict(zip(train[col], train["label_name"].astype(str), strict=True))
         names = [pairs.get(i, str(i)) for i in range(classes)]

@@ -157,8 +157,9 @@ class RunLoop:
     # ---- states ---------------------------------------------------------------------------------------
     def _starting(self, s: Starting) -> State:
         cfg = self.cfg
-        reader = self.store or CheckpointStore(cfg.checkpoint.uri, self.run_name)
-        manifest = reader.read_manifest(s.resume) if s.resume else None
+        manifest = None
+        if s.resume:
+            manifest = (self.store or CheckpointStore(cfg.checkpoint.uri, self.run_name)).read_manifest(s.resume)
         layout = manifest.get("layout") if manifest else None
         self.info, summary = self.engine.open(layout)
         self.say(f"data   {summary}")

@@ -4,7 +4,6 @@ runs the loop in one thread and answers progress, status and grow calls from oth
 
 from __future__ import annotations
 
-import math
 import threading
 from typing import Any
 
@@ -110,8 +109,3 @@ def launch_controller(cfg: RunConfig, run_name: str, reserved: tuple[Any, int] |
         )
         .remote(cfg, run_name, reserved, resume)
     )
-
-
-def logical_cpus_needed(cfg: RunConfig) -> int:
-    """CPUs an embedded Ray needs so every stage of the run (after growth) can be placed."""
-    return math.ceil(cfg.max_blocks() * cfg.runtime.cpus_per_stage)

@@ -13,10 +13,10 @@ import ray
 
 from growpipe.config import RunConfig
 from growpipe.errors import InputError, PipelineError
-from growpipe.prepare import resolve_paths
+from growpipe.prepare import logical_cpus_needed, resolve_paths
 from growpipe.progress import EpochBar
 from growpipe.runtime import NAMESPACE
-from growpipe.runtime.controller import launch_controller, logical_cpus_needed
+from growpipe.runtime.controller import launch_controller
 
 POLL_S = 0.5
 

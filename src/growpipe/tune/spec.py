@@ -19,6 +19,7 @@ from growpipe.config import (
     build_config,
     load_config,
     read_yaml_mapping,
+    set_dotted,
 )
 from growpipe.errors import ConfigError
 
@@ -189,18 +190,6 @@ def trial_config(base: dict[str, Any], params: dict[str, Any], source: str = "tr
     for key, value in params.items():
         set_dotted(raw, key, value)
     return build_config(raw, source)
-
-
-def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
-    """raw["a"]["b"] = value for key "a.b" (sections created as needed)."""
-    node = raw
-    *head, last = key.split(".")
-    for part in head:
-        nxt = node.setdefault(part, {})
-        if not isinstance(nxt, dict):
-            raise ConfigError(f"{key}: {part!r} is a value, not a section")
-        node = nxt
-    node[last] = value
 
 
 def check_search_space(spec: SweepSpec, base: dict[str, Any]) -> list[RunConfig]:

@@ -84,10 +84,9 @@ def prepare(spec: SweepSpec) -> tuple[dict[str, Any], list[RunConfig]]:
     base = base_raw(spec)
     cfgs = check_search_space(spec, base)
     check_metric(spec, cfgs)
-    if spec.kind == "train":
-        bad = [c for c in cfgs if c.method == "bp"]
-        if bad:
-            raise ConfigError("method: bp runs as GPipe, which sweeps do not drive yet; sweep al, scpl or dascpl")
+    if spec.kind == "train" and any(c.method == "bp" and c.runtime.bp_schedule == "ddp" for c in cfgs):
+        raise ConfigError("runtime.bp_schedule: ddp places Ray Train workers outside a trial's placement group; "
+                          "sweep bp with gpipe or 1f1b")  # fmt: skip
     return base, cfgs
 
 
@@ -205,7 +204,7 @@ def run_sweep(spec: SweepSpec, address: str | None = None, say: Callable[[str], 
     out = spec.out_dir()
     owns = False
     if not ray.is_initialized():
-        from growpipe.runtime.controller import logical_cpus_needed
+        from growpipe.prepare import logical_cpus_needed
 
         addr = address or os.environ.get("RAY_ADDRESS")
         need = _total(trial_bundles(spec, max(cfgs, key=lambda c: c.max_blocks()), False))["CPU"]
