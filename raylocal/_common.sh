@@ -4,6 +4,14 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
 [ -x .venv/bin/ray ] || make -s .venv/.installed
 RAY=.venv/bin/ray
+# The ports `up` chose (it may pick free ones) are kept here for submit, status and down; variables set by
+# the caller win.
+STATE="$REPO/runs/raylocal.env"
+if [ -f "$STATE" ]; then
+  while IFS='=' read -r key value; do
+    [ -n "$key" ] && [ -z "${!key:-}" ] && export "$key=$value"
+  done < "$STATE"
+fi
 RAY_PORT="${RAY_PORT:-6379}"
 RAY_DASHBOARD_PORT="${RAY_DASHBOARD_PORT:-8265}"
 # Each local head gets its own temp dir, so `down` stops exactly its processes (not other local Rays).

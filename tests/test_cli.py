@@ -127,11 +127,20 @@ def test_data_list_and_check(capsys):
     assert "unknown dataset 'nope'" in capsys.readouterr().err
 
 
-def test_help_lists_commands(capsys):
+def test_help_lists_commands_and_the_python_api_trains(capsys, tmp_path: Path, monkeypatch):
+    import growpipe
+
     with pytest.raises(SystemExit):
         main(["--help"])
     out = capsys.readouterr().out
-    assert all(c in out for c in ("train", "grow", "evaluate", "data", "bench"))
+    assert all(c in out for c in ("train", "grow", "evaluate", "data", "bench", "mlflow"))
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out.strip() == f"growpipe {growpipe.__version__}" != "growpipe 0+unknown"
+    monkeypatch.chdir(tmp_path)  # a run's relative paths (checkpoints) land here
+    run = growpipe.train({"train": {"epochs": 1}, "tracking": {"mlflow": False}}, runtime="local", progress=None)
+    assert run.net.depth == 2 and run.result["epochs"] == 1 and run.result["runtime"] == "local"
+    assert (tmp_path / "runs" / "checkpoints" / run.result["config"]["name"]).is_dir()
 
 
 def test_evaluate_refuses_overrides_and_data_the_checkpoint_was_not_trained_on(tmp_path: Path, capsys):
@@ -206,3 +215,42 @@ def test_evaluate_reads_run_checkpoints_and_refuses_a_damaged_saved_net(tmp_path
     capsys.readouterr()
     assert main(["evaluate", "--checkpoint", str(tmp_path / "ck")]) == 2
     assert "state.pt does not match the SHA-256 in its manifest" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_missing_ray_auth_token_is_named_with_the_fix(tmp_path: Path):
+    import os
+    import subprocess
+    import sys
+
+    import ray
+
+    address = ray.get_runtime_context().gcs_address  # the session's Ray: token auth on (Ray 2.60)
+    env = {**os.environ, "HOME": str(tmp_path), "RAY_AUTH_MODE": "token"}  # a home without ~/.ray/auth_token
+    env.pop("RAY_AUTH_TOKEN", None)
+    out = subprocess.run([sys.executable, "-m", "growpipe.cli", "grow", "--run", "x", "--address", address],
+                         env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 2
+    assert "uses token authentication and no token was found here" in out.stderr and "~/.ray/auth_token" in out.stderr
+
+
+def test_a_job_in_rays_temporary_working_directory_is_warned_where_its_results_would_go(tmp_path, monkeypatch):
+    from growpipe.prepare import resolve_paths, temporary_workdir_warning
+    from tests.conftest import tiny_config
+
+    cfg = tiny_config(tracking={"mlflow": True}, checkpoint={"enabled": True})
+    job_dir = tmp_path / "runtime_resources" / "working_dir_files" / "_ray_pkg_1234"
+    job_dir.mkdir(parents=True)
+    monkeypatch.chdir(job_dir)
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("GROWPIPE_WORKDIR", raising=False)
+    warning = temporary_workdir_warning(cfg)
+    assert (
+        warning and "MLFLOW_TRACKING_URI" in warning and "checkpoint.uri" in warning and "GROWPIPE_WORKDIR" in warning
+    )
+    monkeypatch.setenv("GROWPIPE_WORKDIR", str(tmp_path / "keep"))  # what raylocal/submit sets
+    assert temporary_workdir_warning(cfg) is None
+    resolved = resolve_paths(cfg)
+    assert resolved.checkpoint.uri == str(tmp_path / "keep" / "runs" / "checkpoints")
+    assert resolved.tracking.uri == f"sqlite:///{tmp_path / 'keep' / 'runs' / 'mlflow.db'}"

@@ -191,3 +191,13 @@ def test_tabular_label_outliers_nan_features_and_dropped_columns_are_named(tmp_p
     words = frame.assign(colour=["red", "blue", "green"] * 4)
     b = load_data(_csvs(tmp_path, words, words))
     assert b.input_shape == (2,) and "warning: dropped 1 non-numeric column(s): colour" in b.summary()
+
+
+def test_a_column_of_images_named_as_the_text_column_is_refused(tmp_path: Path):
+    import datasets
+
+    rows = {"image": [{"bytes": b"\x89PNG...", "path": None}] * 6, "label": [0, 1, 2] * 2}
+    dd = datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows), "test": datasets.Dataset.from_dict(rows)})
+    dd.save_to_disk(str(tmp_path / "imgs"))
+    with pytest.raises(DataError, match="column 'image' holds images, not text; set data.text_column"):
+        load_data(DataSpec(name=f"hf:{tmp_path / 'imgs'}", text_column="image"))

@@ -1,6 +1,7 @@
 """End to end the way users run jobs: a real local Ray head (raylocal/up), `ray job submit` through
 raylocal/submit, the run read back from MLflow, the head torn down (raylocal/down)."""
 
+import contextlib
 import os
 import re
 import socket
@@ -22,23 +23,35 @@ def _free_port() -> int:
 
 @pytest.fixture
 def local_head(tmp_path: Path):
-    ports = {k: str(_free_port()) for k in ("RAY_PORT", "RAY_DASHBOARD_PORT", "RAY_AGENT_PORT")}
-    env = {**os.environ, **ports, "RAY_NUM_CPUS": "4"}  # own agent port: the test session's Ray holds 52365
+    ports = {k: str(_free_port()) for k in ("RAY_PORT", "RAY_DASHBOARD_PORT")}
+    # no RAY_NUM_CPUS: up sizes the head for the demo itself; the job agent's port 52365 is the test session
+    # Ray's, so up picks a free one (and submit, status and down find it)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "MLFLOW_", "GROWPIPE_"))}
+    env.update(ports, GROWPIPE_WORKDIR=str(tmp_path))
+    holder = socket.socket()
+    with contextlib.suppress(OSError):  # make sure the default agent port is taken (a session Ray may hold it)
+        holder.bind(("127.0.0.1", 52365))
+        holder.listen()
     up = subprocess.run([REPO / "raylocal" / "up"], env=env, capture_output=True, text=True, timeout=180)
+    holder.close()
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         assert f"dashboard:   http://127.0.0.1:{env['RAY_DASHBOARD_PORT']}" in up.stdout
+        assert "logical CPUs" in up.stdout and "RAY_AGENT_PORT) is in use; using" in up.stderr
         yield env
     finally:
         down = subprocess.run([REPO / "raylocal" / "down"], env=env, capture_output=True, text=True, timeout=60)
         assert "stopped" in down.stdout, down.stdout + down.stderr
 
 
-def test_submitted_training_job_succeeds_and_is_in_mlflow(local_head, tmp_path: Path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    env = {**local_head, "MLFLOW_TRACKING_URI": uri, "RAYLOCAL_NO_WAIT": "1"}
-    args = ["--set", "name=job-e2e", "--set", "method=dascpl", "--set", "net.width=32", "--set", "train.epochs=2",
-            "--set", "grow.schedule=[{kind: layer, epochs: 1}]", "--set", "tracking.experiment=jobs"]  # fmt: skip
+def test_submitted_demo_job_grows_and_keeps_its_results_where_the_submitter_said(local_head, tmp_path: Path):
+    """The README's job path on this machine's smallest head: the demo config, its growth needing a third
+    stage; MLflow and checkpoints under GROWPIPE_WORKDIR, not in Ray's temporary copy of the checkout."""
+    uri = f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
+    env = {**local_head, "RAYLOCAL_NO_WAIT": "1"}
+    args = ["--config", "configs/demo.yaml", "--set", "name=job-e2e", "--set", "method=dascpl", "--set",
+            "net.width=32", "--set", "train.epochs=2", "--set", "grow.schedule=[{kind: layer, epochs: 1}]",
+            "--set", "tracking.experiment=jobs"]  # fmt: skip
     sub = subprocess.run([REPO / "raylocal" / "submit", "train", *args], env=env, capture_output=True, text=True,
                          timeout=300)  # fmt: skip
     assert sub.returncode == 0, sub.stdout + sub.stderr
@@ -72,5 +85,6 @@ def test_submitted_training_job_succeeds_and_is_in_mlflow(local_head, tmp_path: 
     assert run.data.params["grow.schedule"].startswith("[{")
     assert [m.step for m in mlflow.get_metric_history(run.info.run_id, "loss.b1.ce")] == [1, 2]
     assert [(m.step, m.value) for m in mlflow.get_metric_history(run.info.run_id, "growth.blocks")] == [(2, 3.0)]
+    assert (tmp_path / "runs" / "checkpoints" / "job-e2e").is_dir()  # durable: the submitter's directory
     plots = {a.path for a in mlflow.list_artifacts(run.info.run_id, "plots")}
     assert {"plots/exit_accuracy.png", "plots/accuracy_vs_compute.png", "plots/stage_timeline.png"} <= plots

@@ -41,7 +41,7 @@ class FakeEngine:
 
     def open(self, layout):
         self.calls.append(("open",))
-        return InputInfo((4,), "float", 3), "fake data"
+        return InputInfo((4,), "float", 3), {"summary": "fake data"}
 
     def build(self, specs, layout):
         self.depth = len(specs)

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from growpipe.errors import PipelineError
 from growpipe.local import train_local
 from growpipe.runtime.pipeline import Pipeline
 from tests.conftest import tiny_config
@@ -77,3 +78,130 @@ def test_unreachable_tracking_server_never_stops_training(tmp_path: Path):
     assert len(warnings) == 2 and "not reachable" in warnings[0]
     spilled = list(tmp_path.glob("mlflow-unsent-offline-*.jsonl"))
     assert len(spilled) == 1 and '"op": "params"' in spilled[0].read_text()
+    # once a server is there: growpipe mlflow replay sends them into a run of the same name
+    from growpipe.cli import main
+
+    uri = f"sqlite:///{tmp_path / 'later.db'}"
+    assert main(["mlflow", "replay", str(spilled[0]), "--tracking-uri", uri]) == 0
+    client, run = _only_run(uri)
+    assert run.info.run_name == "offline" and run.info.status == "FINISHED" and run.data.params["method"] == "dascpl"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "test_accuracy")] == [1, 2, 3]
+    assert "config.yaml" in {a.path for a in client.list_artifacts(run.info.run_id)}
+
+
+def _wait(predicate, timeout: float = 120.0) -> None:
+    import time
+
+    deadline = time.time() + timeout
+    while not predicate():
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_ray_run_stopped_midway_ends_killed_with_its_reason_and_releases_everything(tmp_path, monkeypatch):
+    import threading
+
+    import ray
+
+    monkeypatch.setenv("GROWPIPE_STEP_DELAY_MS", "20")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking = {"mlflow": True, "uri": uri, "experiment": "tests", "workdir": str(tmp_path)}
+    cfg = tiny_config(name="stopped", threads=1, train={"epochs": 200}, tracking=tracking)
+    free = ray.available_resources().get("CPU", 0)
+    p = Pipeline(cfg).start()
+    errors: list[BaseException] = []
+
+    def train() -> None:
+        try:
+            p.train(progress=None)
+        except PipelineError as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=train)
+    thread.start()
+    _wait(lambda: ray.get(p.controller.status.remote())["epoch"] >= 3)
+    p.stop("stopped by the test")
+    thread.join(timeout=60)
+    assert errors and "stopped: stopped by the test" in str(errors[0])
+    client, run = _only_run(uri)
+    assert run.info.status == "KILLED" and run.data.tags["growpipe.end_reason"] == "stopped by the test"
+    logged = [m.step for m in client.get_metric_history(run.info.run_id, "test_accuracy")]
+    assert logged and max(logged) <= 3  # nothing after the stop
+    assert "error.txt" not in {a.path for a in client.list_artifacts(run.info.run_id)}
+    _wait(lambda: ray.available_resources().get("CPU", 0) >= free, 30)
+
+
+def test_sigterm_ends_a_local_run_as_killed(tmp_path: Path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sets = ["name=sigterm", "train.epochs=500", "net.width=32", f"tracking.uri={uri}", "tracking.experiment=tests",
+            f"tracking.workdir={tmp_path}", "checkpoint.enabled=false"]  # fmt: skip
+    cmd = [sys.executable, "-m", "growpipe.cli", "train", "--runtime", "local", "-q",
+           *(a for kv in sets for a in ("--set", kv))]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    client = MlflowClient(tracking_uri=uri)
+
+    def trained_two_epochs() -> bool:
+        assert proc.poll() is None, proc.communicate()
+        exp = client.get_experiment_by_name("tests") if (tmp_path / "mlflow.db").exists() else None
+        runs = client.search_runs([exp.experiment_id]) if exp else []
+        return bool(runs) and len(client.get_metric_history(runs[0].info.run_id, "test_accuracy")) >= 2
+
+    _wait(trained_two_epochs)
+    os.kill(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted" in err
+    _, run = _only_run(uri)
+    assert run.info.status == "KILLED" and run.data.tags["growpipe.end_reason"].startswith("interrupted")
+
+
+def test_a_run_records_data_machine_and_a_registered_model_that_serves_in_a_fresh_process(tmp_path, monkeypatch):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from growpipe.api import evaluate
+
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "from-env")
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking = {"mlflow": True, "uri": uri, "workdir": str(tmp_path), "register_model": True}
+    grow = {"schedule": [{"kind": "layer", "epochs": 1}]}
+    cfg = tiny_config(method="dascpl", train={"epochs": 2}, grow=grow, tracking=tracking)
+    assert cfg.name is None and cfg.tracking.experiment is None  # the defaults the run fills in
+    train_local(cfg, progress=None)
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("from-env").experiment_id])
+    name = run.info.run_name
+    assert name.startswith("dascpl-digits-") and run.info.status == "FINISHED"
+    inputs = {d.dataset.name: d.dataset for d in run.inputs.dataset_inputs}
+    assert set(inputs) == {"digits-train", "digits-test"} and all(len(d.digest) == 16 for d in inputs.values())
+    assert any(k.startswith("system/cpu") for k in run.data.metrics)
+    (version,) = client.search_model_versions(f"name = '{name}'")
+    assert version.run_id == run.info.run_id
+
+    ck = client.download_artifacts(run.info.run_id, "checkpoint", str(tmp_path))
+    full = evaluate(ck)["full_accuracy"]  # growpipe evaluate on the same checkpoint
+    script = f"""
+import json, mlflow, numpy as np
+from growpipe.config import DataSpec
+from growpipe.data import load_data
+test = load_data(DataSpec(name="digits")).test
+model = mlflow.pyfunc.load_model("models:/{name}/1")
+full = model.predict(test.x.numpy())
+early = model.predict(test.x.numpy(), params={{"threshold": 0.05}})
+print(json.dumps({{"full": float((full["prediction"].to_numpy() == test.y.numpy()).mean()),
+                  "depth": float(full["exit_depth"].mean()), "early_depth": float(early["exit_depth"].mean())}}))
+"""
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    served = json.loads(out.stdout.strip().splitlines()[-1])
+    assert served["full"] == pytest.approx(full) and served["depth"] == 3.0  # the full path by default
+    assert served["early_depth"] == 1.0  # any 10-class softmax reaches 0.05 at the first exit

@@ -41,45 +41,6 @@ def _sweep_file(tmp_path: Path, **fields: Any) -> Path:
 
 
 @pytest.mark.usefixtures("ray_session")
-def test_two_trial_sweep_is_recorded_and_its_best_config_trains(tmp_path: Path, capsys):
-    path = _sweep_file(
-        tmp_path,
-        set={"train.epochs": 2},
-        search_space={"method": {"grid": ["al", "dascpl"]}},
-        scheduler={"name": "fifo"},
-    )
-    summary = run_sweep(load_sweep(path))
-    assert len(summary["trials"]) == 2 and all(t["error"] is None for t in summary["trials"])
-    assert {t["params"]["method"] for t in summary["trials"]} == {"al", "dascpl"}
-    assert all(t["epochs"] == 2 and 0.0 <= t["metric"] <= 1.0 for t in summary["trials"])
-    best = summary["best"]
-    assert best["metric"] == max(t["metric"] for t in summary["trials"])
-    assert Path(best["checkpoint"], "manifest.json").is_file()  # the trained net, as a Tune checkpoint
-
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    exp = client.get_experiment_by_name("sweeps")
-    runs = client.search_runs([exp.experiment_id])
-    parent = [r for r in runs if r.info.run_id == summary["mlflow_run_id"]]
-    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == summary["mlflow_run_id"]]
-    assert len(parent) == 1 and len(runs) == 3 and len(children) == 2
-    assert parent[0].data.metrics["best.test_accuracy"] == pytest.approx(best["metric"])
-    assert {c.data.params["method"] for c in children} == {"al", "dascpl"}
-    assert all(c.info.status == "FINISHED" for c in children)
-    assert all([m.step for m in client.get_metric_history(c.info.run_id, "test_accuracy")] == [1, 2] for c in children)
-    assert {a.path for a in client.list_artifacts(parent[0].info.run_id)} >= {"best.yaml", "trials.md"}
-
-    # the best config round-trips through growpipe train --config
-    best_yaml = Path(summary["best_config"])
-    cfg = load_config(best_yaml)
-    assert cfg.method == best["params"]["method"] and cfg.net.width == 32
-    assert cfg.tracking.parent_run_id is None and cfg.tracking.run_id is None
-    out = tmp_path / "again.json"
-    code = main(["train", "--config", str(best_yaml), "--runtime", "local", "--set", "tracking.mlflow=false",
-                 "--json-out", str(out), "-q"])  # fmt: skip
-    assert code == 0 and out.is_file()
-
-
-@pytest.mark.usefixtures("ray_session")
 def test_threshold_sweep_reuses_stored_predictions_without_training(tmp_path: Path):
     ck = tmp_path / "ck"
     code = main(["train", "--runtime", "local", "--set", "method=dascpl", "--set", "net.blocks=3",
@@ -131,6 +92,9 @@ def test_threshold_sweep_reuses_stored_predictions_without_training(tmp_path: Pa
             {"search_space": {"method": {"grid": ["al"]}}, "resources": {"cpus_per_stage": 3}},
             "resources: one trial needs CPU 6.1",
         ),
+        ({"search_space": {"method": {"grid": ["al"]}}, "search": "hyperopt"}, "search: got 'hyperopt'"),
+        ({"search_space": {"method": {"grid": ["al"]}}, "search": "optuna"}, "use choice instead of grid"),
+        ({"search_space": {"method": {"grid": ["al"]}}, "scheduler": {"name": "pbt"}}, "pbt mutates choice"),
     ],
 )
 @pytest.mark.usefixtures("ray_session")
@@ -160,3 +124,64 @@ def test_domains_need_exactly_one_valid_kind():
             Domain(**bad)
     with pytest.raises(ConfigError, match="no such file"):
         load_sweep("/nonexistent/sweep.yaml")
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_an_interrupted_optuna_sweep_resumes_without_training_any_trial_twice(tmp_path: Path):
+    """SIGTERM stops the sweep the way Ctrl-C does (Tune saves its state, exit 130, the parent MLflow run
+    KILLED); the same command resumes it: the trials that had finished are kept, the one that was running
+    goes on from its last epoch's checkpoint, Optuna proposes the rest, all in the same MLflow runs. The
+    sweep is recorded in MLflow (a parent run, a child per trial) and its best config trains again."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    fast = {"train.epochs": 2, "tracking.log_model": False, "tracking.system_metrics": False}
+    path = _sweep_file(tmp_path, name="resumable", search="optuna", seed=3, num_samples=2, set=fast,
+                       search_space={"train.lr": {"loguniform": [0.0005, 0.01]}}, scheduler={"name": "fifo"},
+                       resources={"cpus_per_stage": 0.5, "max_concurrent_trials": 1})  # fmt: skip
+    out = tmp_path / "out"
+    import ray
+
+    address = ray.get_runtime_context().gcs_address  # the session's Ray: no second one to start
+    cmd = [sys.executable, "-m", "growpipe.cli", "sweep", str(path), "--address", address]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while len(list(out.glob("trials/*/checkpoint_000000"))) < 2:  # one trial done, the second one running
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    state = json.loads((out / "sweep.json").read_text())
+    assert state["status"] == "interrupted"
+
+    summary = run_sweep(load_sweep(path))  # the same command again: resumes
+    assert summary["mlflow_run_id"] == state["parent_run_id"]
+    assert len(summary["trials"]) == 2 and all(t["epochs"] == 2 and not t["error"] for t in summary["trials"])
+    best = summary["best"]
+    assert best["metric"] == max(t["metric"] for t in summary["trials"])
+    assert Path(best["checkpoint"], "manifest.json").is_file()  # a growpipe checkpoint, as a Tune checkpoint
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("sweeps")
+    parent = client.get_run(state["parent_run_id"])
+    children = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert parent.info.status == "FINISHED" and len(children) == 2
+    assert parent.data.metrics["best.test_accuracy"] == pytest.approx(best["metric"])
+    assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {"best.yaml", "trials.md"}
+    for c in children:  # no trial started over (an epoch cut short by the stop is trained again)
+        assert c.info.status == "FINISHED" and float(c.data.params["train.lr"]) > 0
+        steps = [m.step for m in client.get_metric_history(c.info.run_id, "test_accuracy")]
+        assert steps.count(1) == 1 and steps[-1] == 2, steps
+
+    # the best config round-trips through growpipe train --config
+    best_yaml = Path(summary["best_config"])
+    cfg = load_config(best_yaml)
+    assert cfg.train.lr == pytest.approx(best["params"]["train.lr"]) and cfg.net.width == 32
+    assert cfg.tracking.parent_run_id is None and cfg.tracking.run_id is None
+    again = tmp_path / "again.json"
+    code = main(["train", "--config", str(best_yaml), "--runtime", "local", "--set", "tracking.mlflow=false",
+                 "--set", "train.epochs=1", "--json-out", str(again), "-q"])  # fmt: skip
+    assert code == 0 and again.is_file()

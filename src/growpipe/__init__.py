@@ -1,1 +1,24 @@
-"""growpipe."""
+"""growpipe: block-wise local learning that grows while it trains, on Ray.
+
+The Python API (growpipe.api): `train`, `grow`, `evaluate`, `load_config`, `RunResult`. Imported on first
+use, so `import growpipe` stays light."""
+
+from __future__ import annotations
+
+from importlib import metadata
+from typing import Any
+
+try:
+    __version__ = metadata.version("growpipe")
+except metadata.PackageNotFoundError:  # a source tree that was not installed
+    __version__ = "0+unknown"
+
+__all__ = ["RunResult", "__version__", "evaluate", "grow", "load_config", "train"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("RunResult", "evaluate", "grow", "load_config", "train"):
+        from growpipe import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'growpipe' has no attribute {name!r}")

@@ -1,29 +1,44 @@
-"""The Python API: what `growpipe train` does, for a program."""
+"""The Python API: what the `growpipe` command does, for a program (the command is a thin layer over it).
+
+import growpipe
+
+cfg = growpipe.load_config("configs/demo.yaml", ["train.epochs=4"])
+run = growpipe.train(cfg, runtime="local")           # or "ray" (embedded Ray, or address=...)
+print(run.result["test_accuracy"], run.net.depth)
+growpipe.grow("demo", kind="layer", width=128)         # a running job on the cluster, by its run name
+ev = growpipe.evaluate("runs/demo/checkpoint", ["eval.thresholds=[0.9]"])
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
-from growpipe.config import RunConfig
+from growpipe.config import RunConfig, build_config, load_config
 from growpipe.loop.loop import RunResult
 from growpipe.progress import EpochBar
 
+__all__ = ["RunResult", "evaluate", "grow", "load_config", "train"]
+
 
 def train(
-    cfg: RunConfig,
+    config: RunConfig | str | Path | dict[str, Any] | None = None,
     runtime: str = "ray",
     address: str | None = None,
     progress: Callable[[str], None] | None = print,
-    keep_net: bool = False,
+    keep_net: bool = True,
     bar: EpochBar | None = None,
     resume: str | None = None,
 ) -> RunResult:
-    """Train (and grow) the net `cfg` describes; return its result JSON and, with `keep_net` (always for
-    runtime local), the trained net.
+    """Train (and grow) the net a config describes: a RunConfig, a YAML path, a mapping, or None (every
+    default). Returns its result JSON and, with `keep_net`, the trained net in this process.
 
     runtime "ray": on a Ray cluster (`address`, $RAY_ADDRESS, else an embedded local Ray), the engine chosen
     by the config (the local-learning pipeline; for method bp GPipe, 1F1B or Ray Train DDP); "local": the
-    reference trainer in this process. `resume`: a checkpoint directory to continue from."""
+    reference trainer in this process. `resume`: a checkpoint directory to continue from. Raises a
+    GrowpipeError (its message one line per problem) when the run cannot start or fails."""
+    cfg = _as_config(config)
     if runtime == "local":
         from growpipe.local import train_local
 
@@ -41,3 +56,36 @@ def train(
     with Pipeline(cfg, address, resume=resume) as p:
         result = p.train(progress, bar=bar)
         return RunResult(result, p.final_net() if keep_net else None)
+
+
+def grow(run: str, request: dict[str, Any] | None = None, *, address: str | None = None, timeout_s: float = 600.0,
+         **fields: Any) -> dict[str, Any]:  # fmt: skip
+    """Ask running job `run` to append a block (`request` and/or fields: kind, group, width, input_size);
+    returns what was added (block, blocks, epoch, batch, stage). The request is validated before the
+    cluster is reached; a refusal raises InputError with the run's reason."""
+    from growpipe.config import parse_grow_request
+    from growpipe.runtime.client import connect_existing, request_growth
+
+    ask = {**(request or {}), **{k: v for k, v in fields.items() if v is not None}}
+    parse_grow_request(ask)
+    connect_existing(address)
+    return request_growth(run, ask, timeout_s)
+
+
+def evaluate(checkpoint: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
+    """Every exit and the adaptive trade-off of a checkpoint's net on its test split (`overrides`: eval.*,
+    data.root, data.download, data.limit_test as key=value)."""
+    from growpipe.evaluation import evaluate_net, load_for_evaluation
+
+    net, bundle, cfg = load_for_evaluation(checkpoint, overrides)
+    ev = evaluate_net(net, bundle, cfg.eval)
+    ev.update(method=cfg.method, dataset=cfg.data.name, blocks=net.depth)
+    return ev
+
+
+def _as_config(config: RunConfig | str | Path | dict[str, Any] | None) -> RunConfig:
+    if isinstance(config, RunConfig):
+        return config
+    if config is None or isinstance(config, dict):
+        return build_config(config, "config")
+    return load_config(config)

@@ -33,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train growable block-wise local-learning networks (AL, SCPL, DASCPL, BP baseline).",
         epilog=EPILOG,
     )
+    from growpipe import __version__
+
+    parser.add_argument("--version", action="version", version=f"growpipe {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     tr = sub.add_parser("train", help="train (and grow) a network", epilog=EPILOG)
@@ -84,9 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
         "sweep",
         help="run a Ray Tune sweep from a sweep file (tune_configs/)",
         description="Sweep block counts, methods, learning rates, widths (kind train: one pipeline per trial, "
-        "in its own placement group, ASHA by default) or exit thresholds of a trained net (kind thresholds: "
-        "its stored per-exit predictions, no retraining). Trials are MLflow child runs of the sweep's run; "
-        "the best config is written as YAML for growpipe train --config.",
+        "in its own placement group; search random or optuna; scheduler asha (default), fifo or pbt) or exit "
+        "thresholds of a trained net (kind thresholds: its stored per-exit predictions, no retraining). Trials "
+        "are MLflow child runs of the sweep's run; the best config is written as YAML for growpipe train "
+        "--config. An interrupted sweep is resumed by running the command again.",
     )
     sw.add_argument("file", metavar="SWEEP_YAML", help="sweep file, e.g. tune_configs/digits-quick.yaml")
     sw.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -94,6 +98,14 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--address", metavar="ADDR", help="Ray cluster (default: $RAY_ADDRESS, else an embedded local Ray)")
     sw.add_argument("--json-out", metavar="FILE", help="write the sweep summary JSON here")
     sw.add_argument("--check", action="store_true", help="validate the file and every search-space corner; no trials")
+    again = sw.add_mutually_exclusive_group()
+    again.add_argument(
+        "--resume",
+        action="store_true",
+        help="resume the interrupted sweep in its output directory "
+        "(the default when there is one): finished trials kept, the others from their checkpoints",
+    )
+    again.add_argument("--fresh", action="store_true", help="start over even when an interrupted sweep is there")
 
     pa = sub.add_parser(
         "partition",
@@ -135,6 +147,14 @@ def build_parser() -> argparse.ArgumentParser:
                     "the frozen-prefix cache, adaptive exits")  # fmt: skip
     be.add_argument("args", nargs=argparse.REMAINDER, help="e.g. --quick --json-out FILE")
 
+    ml = sub.add_parser("mlflow", help="MLflow helpers: send a run's entries that could not be sent")
+    msub = ml.add_subparsers(dest="mlflow_command", required=True, metavar="ACTION")
+    rp = msub.add_parser("replay", help="send a spilled runs/mlflow-unsent-*.jsonl to MLflow",
+                         description="Send the entries a run could not send (its tracking server was down) into its "
+                         "MLflow run, or a new run of the same name when the server does not have it.")  # fmt: skip
+    rp.add_argument("file", metavar="JSONL", help="the mlflow-unsent-NAME-TIME.jsonl file the run wrote")
+    rp.add_argument("--tracking-uri", metavar="URI", help="where to send them (default: the run's tracking URI)")
+
     da = sub.add_parser("data", help="list datasets or check that one loads")
     dsub = da.add_subparsers(dest="data_command", required=True, metavar="ACTION")
     dsub.add_parser("list", help="list the dataset names and prefixes growpipe knows")
@@ -150,7 +170,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from growpipe.checkpoint import save_net
     from growpipe.config import load_config
     from growpipe.fsutil import atomic_write_json
-    from growpipe.prepare import check_run, resolve_paths
+    from growpipe.prepare import check_run, resolve_paths, temporary_workdir_warning
     from growpipe.progress import EpochBar
     from growpipe.report import format_report, format_stage_table
     from growpipe.tracking import ui_command
@@ -164,6 +184,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         print(f"resume {resume_from or 'nothing to resume: starting run ' + repr(cfg.name)}")
     else:
         cfg = load_config(args.config, args.overrides)
+    if warning := temporary_workdir_warning(cfg):
+        print(warning)
     cfg = resolve_paths(cfg)
     outputs = {
         "--json-out": args.json_out,
@@ -186,7 +208,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if "stages" in summary:
         print(format_stage_table(summary["stages"]))
     if args.plot_out:
-        summary["plots"] = {"accuracy_vs_compute": str(_plot(summary, args.plot_out, cfg))}
+        title = f"{cfg.method} on {cfg.data.name}, {summary['blocks']} blocks"
+        summary["plots"] = {"accuracy_vs_compute": str(_plot(summary, args.plot_out, title))}
     if args.json_out:
         print(f"result JSON: {atomic_write_json(args.json_out, summary)}")
     if args.trace_out and "timeline" in summary:
@@ -222,13 +245,9 @@ def _grow_request(args: argparse.Namespace) -> dict[str, object]:
 def _cmd_grow(args: argparse.Namespace) -> int:
     import json
 
-    from growpipe.config import parse_grow_request
-    from growpipe.runtime.client import connect_existing, request_growth
+    from growpipe.api import grow
 
-    request = _grow_request(args)
-    parse_grow_request(request)  # refuse a bad request before touching the cluster
-    connect_existing(args.address)
-    answer = request_growth(args.run, request, args.timeout)
+    answer = grow(args.run, _grow_request(args), address=args.address, timeout_s=args.timeout)
     where = f" at epoch {answer['epoch'] + 1} batch {answer['batch']}" if answer.get("batch") is not None else ""
     print(
         f"run {args.run}: +{answer['kind']} block {answer['block']} -> {answer['blocks']} blocks, "
@@ -238,26 +257,25 @@ def _cmd_grow(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plot(ev: dict[str, object], path: str, cfg: object) -> Path:
+def _plot(ev: dict[str, Any], path: str, title: str) -> Path:
     from growpipe.plots import plot_accuracy_vs_compute
 
-    title = f"{cfg.method} on {cfg.data.name}, {len(ev['exit_depths'])} blocks"  # type: ignore[attr-defined,arg-type]
     out = plot_accuracy_vs_compute(ev, path, title)
     print(f"plot: {out}")
     return out
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from growpipe.evaluation import evaluate_net, load_for_evaluation
+    from growpipe.api import evaluate
     from growpipe.fsutil import atomic_write_json
     from growpipe.report import format_exits
 
-    net, bundle, cfg = load_for_evaluation(args.checkpoint, args.overrides)
-    ev = evaluate_net(net, bundle, cfg.eval)
-    print(f"{cfg.method} on {cfg.data.name}: {net.depth} blocks, full-path accuracy {ev['full_accuracy']:.4f}")
+    ev = evaluate(args.checkpoint, args.overrides)
+    print(f"{ev['method']} on {ev['dataset']}: {ev['blocks']} blocks, full-path accuracy {ev['full_accuracy']:.4f}")
     print(format_exits(ev))
     if args.plot_out:
-        ev["plots"] = {"accuracy_vs_compute": str(_plot(ev, args.plot_out, cfg))}
+        title = f"{ev['method']} on {ev['dataset']}, {ev['blocks']} blocks"
+        ev["plots"] = {"accuracy_vs_compute": str(_plot(ev, args.plot_out, title))}
     if args.json_out:
         print(f"evaluation JSON: {atomic_write_json(args.json_out, ev)}")
     return 0
@@ -311,7 +329,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         _, cfgs = prepare(spec)
         print(f"{args.file}: ok ({spec.kind}, {len(cfgs)} search-space corners checked as run configs)")
         return 0
-    summary = run_sweep(spec, args.address)
+    summary = run_sweep(spec, args.address, resume=True if args.resume else False if args.fresh else None)
     if args.json_out:
         print(f"sweep JSON: {atomic_write_json(args.json_out, summary)}")
     return 0
@@ -327,6 +345,15 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if not script.is_file():
         raise ConfigError(f"bench: {script} not found; growpipe bench runs the scripts of a source checkout")
     return subprocess.call([sys.executable, str(script), *args.args])
+
+
+def _cmd_mlflow(args: argparse.Namespace) -> int:
+    from growpipe.tracking import replay
+
+    if not Path(args.file).is_file():
+        raise ConfigError(f"{args.file}: no such file; give the runs/mlflow-unsent-*.jsonl a run wrote")
+    replay(args.file, args.tracking_uri)
+    return 0
 
 
 def _cmd_data(args: argparse.Namespace) -> int:
@@ -348,6 +375,24 @@ def _cmd_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sigterm_is_interrupt(command: str) -> Any:
+    """SIGTERM (`ray job stop`, `kill`, a pod ending) stops a command as Ctrl-C does: the run is released
+    and recorded as stopped before the process ends (a sweep: Tune saves its state). Returns the handler it
+    replaced."""
+    import signal
+    import threading
+
+    def interrupt(signum: int, _frame: Any) -> None:
+        if command == "sweep":  # Tune stops gracefully on SIGINT (and saves what a resume needs)
+            signal.raise_signal(signal.SIGINT)
+            return
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, interrupt)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `growpipe` console script."""
     args = build_parser().parse_args(argv)
@@ -358,8 +403,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "sweep": _cmd_sweep,
         "partition": _cmd_partition,
         "data": _cmd_data,
+        "mlflow": _cmd_mlflow,
         "bench": _cmd_bench,
     }
+    previous = _sigterm_is_interrupt(args.command)
     try:
         return handlers[args.command](args)
     except GrowpipeError as e:
@@ -368,6 +415,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    finally:
+        if previous is not None:
+            import signal
+
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

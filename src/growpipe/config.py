@@ -409,21 +409,29 @@ class TrackingSpec(_Strict):
     """Record the run in MLflow."""
     uri: str | None = None
     """MLflow tracking URI; default $MLFLOW_TRACKING_URI, else sqlite:///<workdir>/mlflow.db."""
-    experiment: str = "growpipe"
-    """MLflow experiment of the run."""
+    experiment: str | None = None
+    """MLflow experiment of the run; default $MLFLOW_EXPERIMENT_NAME, else growpipe."""
     workdir: str = "runs"
     """Local directory for the default sqlite store and for tracking entries that could not be sent."""
     run_id: str | None = None
     """Log into this existing MLflow run instead of starting one (resuming: its params are not logged again)."""
     parent_run_id: str | None = None
     """Start the run as a child of this MLflow run (a sweep's trials under the sweep's run)."""
+    system_metrics: bool = True
+    """Record CPU, memory, disk and network (GPU when present) of the tracking process's machine as system/*
+    metrics (every $MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL seconds, 10 by default)."""
+    log_model: bool = True
+    """Log the trained net as an MLflow model (`model`: a pyfunc running adaptive early exit)."""
+    register_model: bool = False
+    """Also register that model in the MLflow model registry under the run's name (a new version each run)."""
 
 
 class RunConfig(_Strict):
     """A whole run: what to train, on what, how, and how it grows."""
 
-    name: str = "growpipe"
-    """The run's name: its controller actor on the cluster, its MLflow run, its checkpoint folder."""
+    name: str | None = None
+    """The run's name: its controller actor on the cluster, its MLflow run, its checkpoint folder; default
+    METHOD-DATASET-TIME (e.g. al-digits-20261124-101500-3fa2), chosen when the run starts."""
     method: Literal["al", "scpl", "dascpl", "bp"] = "al"
     """The learning rule: al, scpl, dascpl (local objectives per block) or bp (end to end)."""
     seed: int = 0

@@ -11,6 +11,17 @@ def data_dir() -> str | None:
     return os.environ.get(GROWPIPE_DATA_DIR) or None
 
 
+GROWPIPE_WORKDIR = "GROWPIPE_WORKDIR"
+"""The directory a run's relative paths (tracking.workdir and the MLflow store in it, checkpoint.uri, a sweep's
+output) are resolved against instead of the current directory. raylocal/submit sets it to the submitter's
+checkout, so a job started in Ray's temporary working directory writes where the submitter looks."""
+
+
+def workdir() -> str | None:
+    """The value of GROWPIPE_WORKDIR, if set and non-empty."""
+    return os.environ.get(GROWPIPE_WORKDIR) or None
+
+
 GROWPIPE_FAULT_AT = "GROWPIPE_FAULT_AT"
 """Fault injection for tests: "STAGE:STEP" makes that stage's block raise on its STEP-th packet (1-based)."""
 

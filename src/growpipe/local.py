@@ -52,12 +52,12 @@ class LocalEngine:
         self.device = torch.device("cpu")
         self._position = (0, 0)
 
-    def open(self, layout: dict[str, Any] | None = None) -> tuple[InputInfo, str]:
+    def open(self, layout: dict[str, Any] | None = None) -> tuple[InputInfo, dict[str, Any]]:
         set_cpu_threads(self.cfg.threads)
         self.device = resolve_device(self.cfg.device)
         self.bundle = self.bundle or load_data(self.cfg.data)
         self.info = InputInfo.from_bundle(self.bundle)
-        return self.info, self.bundle.summary()
+        return self.info, self.bundle.describe()
 
     def build(self, specs: list[BlockSpec], layout: dict[str, Any] | None) -> str:
         assert self.info is not None

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import math
 import os
+import re
+import secrets
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
+from growpipe import envvars
 from growpipe.checkpoint import CheckpointStore, check_uri
 from growpipe.config import RunConfig
 from growpipe.errors import ConfigError, GrowpipeError
@@ -17,15 +21,53 @@ from growpipe.loop.callbacks import ProgressLog, RunCallback
 from growpipe.tracking import default_tracking_uri
 
 
+def base_dir() -> Path:
+    """What a run's relative paths mean: $GROWPIPE_WORKDIR, else the current directory."""
+    return Path(envvars.workdir() or Path.cwd()).expanduser().resolve()
+
+
+def absolute(path: str) -> str:
+    """A local path made absolute against base_dir() (a URI stays as it is)."""
+    if "://" in path:
+        return path
+    p = Path(path).expanduser()
+    return str(p if p.is_absolute() else base_dir() / p)
+
+
 def resolve_paths(cfg: RunConfig) -> RunConfig:
-    """The config with tracking.uri filled in (an absolute sqlite path unless $MLFLOW_TRACKING_URI) and a
-    local checkpoint.uri made absolute, here where the run is started: actors may run elsewhere."""
-    tracking, checkpoint = cfg.tracking, cfg.checkpoint
+    """The config with tracking.workdir and a local checkpoint.uri made absolute and tracking.uri filled in
+    (a sqlite store in the workdir unless $MLFLOW_TRACKING_URI), here where the run is started: actors
+    may run elsewhere, a job in a temporary directory."""
+    experiment = cfg.tracking.experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or "growpipe"
+    tracking = cfg.tracking.model_copy(update={"workdir": absolute(cfg.tracking.workdir), "experiment": experiment})
     if tracking.mlflow and not tracking.uri:
         tracking = tracking.model_copy(update={"uri": default_tracking_uri(tracking.workdir)})
-    if "://" not in checkpoint.uri and not Path(checkpoint.uri).is_absolute():
-        checkpoint = checkpoint.model_copy(update={"uri": str(Path(checkpoint.uri).expanduser().resolve())})
-    return cfg.model_copy(update={"tracking": tracking, "checkpoint": checkpoint})
+    checkpoint = cfg.checkpoint.model_copy(update={"uri": absolute(cfg.checkpoint.uri)})
+    return cfg.model_copy(update={"name": cfg.name or default_run_name(cfg), "tracking": tracking,
+                                  "checkpoint": checkpoint})  # fmt: skip
+
+
+def default_run_name(cfg: RunConfig) -> str:
+    """METHOD-DATASET-TIME for a run without a name (e.g. al-digits-20261124-101500-3fa2)."""
+    dataset = re.sub(r"[^A-Za-z0-9_.-]+", "-", cfg.data.name.split(":", 1)[0]).strip("-") or "data"
+    return f"{cfg.method}-{dataset}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def temporary_workdir_warning(cfg: RunConfig) -> str | None:
+    """A warning when this is a Ray job in Ray's temporary copy of its working directory and the run's
+    results would go there (and vanish with it): the settings that keep them."""
+    if envvars.workdir() or "RAY_JOB_CONFIG_JSON_ENV_VAR" not in os.environ or "working_dir" not in str(Path.cwd()):
+        return None
+    lost = []
+    if cfg.tracking.mlflow and not (cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")):
+        lost.append(f"the MLflow store ({cfg.tracking.workdir}/mlflow.db; set MLFLOW_TRACKING_URI)")
+    if cfg.checkpoint.enabled and "://" not in cfg.checkpoint.uri and not Path(cfg.checkpoint.uri).is_absolute():
+        lost.append(f"the checkpoints ({cfg.checkpoint.uri}; --set checkpoint.uri=/absolute/path)")
+    if not lost:
+        return None
+    return (f"warn   this job runs in Ray's temporary copy of its working directory ({Path.cwd()}): "
+            f"{' and '.join(lost)} would vanish with it; set those, or GROWPIPE_WORKDIR=/a/durable/dir in the "
+            "job's runtime_env env_vars (raylocal/submit does)")  # fmt: skip
 
 
 EMBEDDED_CPUS_PER_CORE = 4

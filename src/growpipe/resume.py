@@ -14,9 +14,13 @@ def plan_resume(config: str | None, overrides: list[str], resume: str) -> tuple[
     eval fields, train.epochs and grow.max_blocks); with --config, any other difference is refused, naming
     the field. `auto` starts fresh when the run has no checkpoint; a named run must have one.
     """
+    from growpipe.prepare import absolute
+
     given = load_config(config, overrides)
     name = given.name if resume == "auto" else resume
-    store = CheckpointStore(given.checkpoint.uri, name, given.checkpoint.keep)
+    if not name:
+        raise CheckpointError("--resume auto: the config has no name: to find its run by; set name: (or --resume NAME)")
+    store = CheckpointStore(absolute(given.checkpoint.uri), name, given.checkpoint.keep)
     ref = store.latest()
     if ref is None:
         if resume == "auto":

@@ -7,10 +7,12 @@ written to a local JSON-lines file next to the run's outputs. A run never fails 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -88,29 +90,60 @@ class MlflowTracker(RunCallback):
         self.warned = False
         self.staged = 0
         self.status = "FINISHED"
+        self.ended = False  # the run's end is sent (or spilled): nothing is logged after it
+        self._lock = threading.RLock()  # on_stop comes from another thread than the run's
+        self._monitor: Any = None  # the system-metrics thread
         self._client: Any = None
         self.experiment_id: str | None = None
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # fail fast; the queue retries
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
 
     # ---- the callback ----------------------------------------------------------------------------------
+    def on_data(self, data: dict[str, Any]) -> None:
+        if not self.ended:
+            self.queue.append({"op": "inputs", "data": data})
+
     def on_start(self) -> None:
+        if self.ended:
+            return
         if not self.cfg.tracking.run_id:  # an existing (resumed) run has its params already
             self.queue.append({"op": "params", "params": flatten(self.cfg.model_dump(mode="json"))})
         self.artifact_text("config.yaml", _yaml(self.cfg.model_dump(mode="json")))
         self.flush()
         if self.run_id:
             self.say(f"mlflow run {run_url(self.uri, self.experiment_id, self.run_id)}")
+            self._start_system_metrics()
+
+    def _start_system_metrics(self) -> None:
+        """CPU, memory, disk and network of this process's machine (GPU too when there is one) as system/*
+        metrics, every MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL (10) s, while the run lasts."""
+        if not self.cfg.tracking.system_metrics or self._monitor is not None:
+            return
+        try:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            self._monitor = SystemMetricsMonitor(self.run_id, resume_logging=bool(self.cfg.tracking.run_id),
+                                                 tracking_uri=self.uri)  # fmt: skip
+            self._monitor.start()
+        except Exception as e:  # psutil missing, or the store refuses: the run goes on without them
+            self.say(f"warn   MLflow system metrics not recorded ({type(e).__name__}: {str(e)[:160]})")
+            self._monitor = None
 
     def after_epoch(self, row: dict[str, Any]) -> None:
+        if self.ended:
+            return
         self.queue.append({"op": "metrics", "metrics": epoch_metrics(row), "step": row["epoch"]})
         self.flush()
 
     def on_growth(self, event: dict[str, Any]) -> None:
+        if self.ended:
+            return
         metrics = {"growth.blocks": event["blocks"], "growth.block_added": event.get("block", event["blocks"] - 1)}
         self.queue.append({"op": "metrics", "step": event["epoch"], "metrics": metrics})
 
     def on_finish(self, summary: dict[str, Any]) -> None:
+        if self.ended:
+            return
         final = {
             "final.test_accuracy": summary["test_accuracy"],
             "final.samples_per_second": summary["samples_per_second"],
@@ -135,18 +168,54 @@ class MlflowTracker(RunCallback):
             self.artifact_text("pipeline_trace.json", json.dumps(summary["timeline"]))
 
     def on_final_net(self, net: Any, summary: dict[str, Any]) -> None:
+        """The trained net: a checkpoint artifact and, with tracking.log_model, an MLflow model (`model`,
+        a pyfunc with adaptive early exit; growpipe.serving), registered under the run's name with
+        tracking.register_model."""
+        if self.ended:
+            return
         from growpipe.checkpoint import save_net
 
         with tempfile.TemporaryDirectory() as tmp:
-            self.artifact_file(save_net(Path(tmp) / "checkpoint", net, self.cfg, summary, self.run_id), "checkpoint")
+            checkpoint = save_net(Path(tmp) / "checkpoint", net, self.cfg, summary, self.run_id)
+            self.artifact_file(checkpoint, "checkpoint")
+            if self.cfg.tracking.log_model:
+                from growpipe.serving import save_model
+
+                self.artifact_file(save_model(Path(tmp) / "model", checkpoint, net))
+                if self.cfg.tracking.register_model:
+                    self.queue.append({"op": "register", "name": self.run_name})
 
     def close(self) -> Path | None:
         """Mark the run finished (or failed), make a last try to send; what is still unsent goes to a
         local JSON-lines file (returned). Staged files are removed once sent."""
-        self.queue.append({"op": "end", "status": self.status})
-        return self._drain()
+        return self._end(self.status)
+
+    def on_stop(self, reason: str) -> None:
+        """Stopped from outside: end the MLflow run as KILLED with the reason, now (the process may be
+        killed seconds later); nothing is logged after."""
+        tags = {"growpipe.end_reason": reason}
+        if reason.startswith("stopped early"):
+            tags["growpipe.stopped_early"] = "true"
+        with self._lock:
+            if not self.ended:
+                self.queue.append({"op": "tags", "tags": tags})
+        self._end("KILLED")
+
+    def _end(self, status: str) -> Path | None:
+        with self._lock:
+            if self.ended:
+                return None
+            self.ended = True
+            if self._monitor is not None:  # its last samples before the run ends
+                with contextlib.suppress(Exception):
+                    self._monitor.finish()
+                self._monitor = None
+            self.queue.append({"op": "end", "status": status})
+            return self._drain()
 
     def on_error(self, message: str) -> None:
+        if self.ended:
+            return
         self.artifact_text("error.txt", message + "\n")
         self.status = "FAILED"
 
@@ -173,10 +242,14 @@ class MlflowTracker(RunCallback):
     # ---- sending ---------------------------------------------------------------------------------------
     def flush(self) -> bool:
         """Send the queue in order; on failure keep the rest for later. True when everything is sent."""
+        with self._lock:
+            return self._flush()
+
+    def _flush(self) -> bool:
         try:
             client = self._client_or_connect()
             while self.queue:
-                self._send(client, self.queue[0])
+                send_entry(client, self.run_id, self.queue[0])
                 self.queue.pop(0)
             return True
         except Exception as e:  # the tracking store is down or refuses: training goes on
@@ -192,7 +265,10 @@ class MlflowTracker(RunCallback):
             name = f"mlflow-unsent-{self.run_name}-{int(time.time())}.jsonl"
             spill = Path(self.cfg.tracking.workdir).resolve() / name
             spill.parent.mkdir(parents=True, exist_ok=True)
+            head = {"op": "run", "run_id": self.run_id, "run_name": self.run_name, "uri": self.uri,
+                    "experiment": self.cfg.tracking.experiment, "tags": self._tags()}  # fmt: skip
             with spill.open("w") as f:
+                f.write(json.dumps(head) + "\n")
                 for entry in self.queue:
                     f.write(json.dumps(entry) + "\n")
             self.say(f"warn   MLflow unreachable to the end: {len(self.queue)} entries written to {spill}")
@@ -200,41 +276,110 @@ class MlflowTracker(RunCallback):
             shutil.rmtree(self.staging, ignore_errors=True)
         return spill
 
+    def _tags(self) -> dict[str, str]:
+        tags = {"growpipe.method": self.cfg.method, "growpipe.dataset": self.cfg.data.name}
+        if self.cfg.tracking.parent_run_id:
+            tags["mlflow.parentRunId"] = self.cfg.tracking.parent_run_id
+        return tags
+
     def _client_or_connect(self) -> Any:
         if self._client is None:
             from mlflow.tracking import MlflowClient
 
             client = MlflowClient(tracking_uri=self.uri)
             if self.run_id is None:
-                tags = {"growpipe.method": self.cfg.method}
-                if self.cfg.tracking.parent_run_id:
-                    tags["mlflow.parentRunId"] = self.cfg.tracking.parent_run_id
                 exp_id = experiment_id(client, self.cfg.tracking.experiment)
-                self.run_id = client.create_run(exp_id, run_name=self.run_name, tags=tags).info.run_id
+                self.run_id = client.create_run(exp_id, run_name=self.run_name, tags=self._tags()).info.run_id
             self.experiment_id = client.get_run(self.run_id).info.experiment_id
             self._client = client
         return self._client
 
-    def _send(self, client: Any, entry: dict[str, Any]) -> None:
-        from mlflow.entities import Metric, Param
 
-        op = entry["op"]
-        if op == "params":
-            params = [Param(k, v) for k, v in entry["params"].items()]
-            for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
-                client.log_batch(self.run_id, params=params[i : i + 100])
-        elif op == "metrics":
-            now = int(time.time() * 1000)
-            metrics = [Metric(k, float(v), now, int(entry["step"])) for k, v in entry["metrics"].items()]
-            client.log_batch(self.run_id, metrics=metrics)
-        elif op == "artifact":
-            src = Path(entry["path"])
-            if src.is_dir():
-                client.log_artifacts(self.run_id, str(src), artifact_path=entry["subdir"] or src.name)
-            else:
-                client.log_artifact(self.run_id, str(src), artifact_path=entry["subdir"])
-        elif op == "end":
-            client.set_terminated(self.run_id, status=entry["status"])
+def send_entry(client: Any, run_id: str, entry: dict[str, Any]) -> None:
+    """Send one queued entry (params, metrics, artifact, tags, inputs, register, end) to MLflow run `run_id`."""
+    from mlflow.entities import Metric, Param
+
+    op = entry["op"]
+    if op == "params":
+        params = [Param(k, v) for k, v in entry["params"].items()]
+        for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
+            client.log_batch(run_id, params=params[i : i + 100])
+    elif op == "metrics":
+        now = int(time.time() * 1000)
+        metrics = [Metric(k, float(v), now, int(entry["step"])) for k, v in entry["metrics"].items()]
+        client.log_batch(run_id, metrics=metrics)
+    elif op == "artifact":
+        src = Path(entry["path"])
+        if src.is_dir():
+            client.log_artifacts(run_id, str(src), artifact_path=entry["subdir"] or src.name)
+        else:
+            client.log_artifact(run_id, str(src), artifact_path=entry["subdir"])
+    elif op == "tags":
+        for k, v in entry["tags"].items():
+            client.set_tag(run_id, k, v)
+    elif op == "inputs":
+        client.log_inputs(run_id, datasets=dataset_inputs(entry["data"]))
+    elif op == "register":
+        register_model(client, run_id, entry["name"])
+    elif op == "end":
+        client.set_terminated(run_id, status=entry["status"])
+
+
+def dataset_inputs(data: dict[str, Any]) -> list[Any]:
+    """MLflow dataset inputs for a run's data (DataBundle.describe): one per split, with its digest."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    out = []
+    for split, info in data["splits"].items():
+        ds = Dataset(name=f"{data['name']}-{split}", digest=info["digest"], source_type="growpipe",
+                     source=json.dumps({"source": data["source"], "split": split}),
+                     profile=json.dumps({"num_rows": info["rows"], "kind": data.get("kind")}))  # fmt: skip
+        context = "training" if split == "train" else "validation" if split == "val" else "evaluation"
+        out.append(DatasetInput(ds, tags=[InputTag("mlflow.data.context", context)]))
+    return out
+
+
+def register_model(client: Any, run_id: str, name: str) -> None:
+    """Register the run's `model` artifact as a new version of registered model `name`."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.get_registered_model(name)
+    except MlflowException:
+        client.create_registered_model(name)
+    client.create_model_version(name, f"runs:/{run_id}/model", run_id=run_id)
+
+
+def replay(path: str | Path, uri: str | None = None, say: Any = print) -> str:
+    """Send a spilled `mlflow-unsent-*.jsonl` to MLflow (`uri`, else the one the run had): into its run when
+    the server has it, else into a new run of the same name and experiment. Returns the run id."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from growpipe.errors import ConfigError
+
+    lines = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    if not lines or lines[0].get("op") != "run":
+        raise ConfigError(f"{path}: not a growpipe mlflow-unsent file (its first line names the run)")
+    head, entries = lines[0], lines[1:]
+    client = MlflowClient(tracking_uri=uri or head["uri"])
+    run_id = head.get("run_id")
+    try:
+        client.get_run(run_id) if run_id else None
+    except MlflowException:
+        run_id = None
+    if run_id is None:
+        exp = experiment_id(client, head["experiment"])
+        run_id = client.create_run(exp, run_name=head["run_name"], tags=head.get("tags") or {}).info.run_id
+    skipped = 0
+    for entry in entries:
+        if entry["op"] == "artifact" and not Path(entry["path"]).exists():
+            skipped += 1  # its staged copy is gone (another machine, or cleaned up)
+            continue
+        send_entry(client, run_id, entry)
+    say(f"replayed {len(entries) - skipped} entries into run {run_id}" + (f" ({skipped} missing artifacts skipped)"
+        if skipped else ""))  # fmt: skip
+    return run_id
 
 
 def _yaml(obj: Any) -> str:

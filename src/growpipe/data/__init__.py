@@ -38,6 +38,7 @@ def load_data(spec: DataSpec) -> DataBundle:
     else:
         loader = next(fn for prefix, (fn, _) in PREFIXES.items() if spec.name.startswith(prefix))
     bundle = loader(spec)
+    bundle.source = bundle.source or (f"{spec.name} in {spec.root}" if spec.root else spec.name)
     bundle.train = limit(bundle.train, spec.limit_train)
     bundle.test = limit(bundle.test, spec.limit_test)
     if spec.val_fraction:

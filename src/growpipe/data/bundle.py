@@ -6,6 +6,7 @@ A loader returns a DataBundle: train and test splits as tensors, the number of c
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -45,6 +46,8 @@ class DataBundle:
     """Held-out part of the training data (data.val_fraction), or None."""
     notes: list[str] = field(default_factory=list)
     """What loading left out or changed (e.g. dropped columns), printed with the summary."""
+    source: str = ""
+    """Where the data came from (dataset name, directory or hub name), for the run's record."""
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -61,6 +64,17 @@ class DataBundle:
     def side_dtype(self, group: str) -> str:
         return "long" if self.train.side[group].dtype == torch.long else "float"
 
+    def describe(self) -> dict[str, object]:
+        """The bundle as a run records it: its summary line, name, source, and per split rows and digest."""
+        splits = {"train": self.train, "val": self.val, "test": self.test}
+        return {
+            "summary": self.summary(),
+            "name": self.name,
+            "source": self.source or self.name,
+            "kind": self.kind,
+            "splits": {k: {"rows": len(v), "digest": digest(v)} for k, v in splits.items() if v is not None},
+        }
+
     def summary(self) -> str:
         """One line describing the bundle."""
         groups = f", side groups {sorted(self.train.side)}" if self.train.side else ""
@@ -71,6 +85,14 @@ class DataBundle:
             f"{f'val {len(self.val)}, ' if self.val is not None else ''}test {len(self.test)}, "
             f"{self.num_classes} classes, input {self.input_shape} {self.input_dtype}{vocab}{groups}{notes}"
         )
+
+
+def digest(split: Split) -> str:
+    """A short content hash of a split (inputs and labels): equal digests, equal data."""
+    h = hashlib.sha256()
+    for t in (split.x, split.y):
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def check_labels(y_train: np.ndarray, y_test: np.ndarray, num_classes: int | None, source: str) -> int:

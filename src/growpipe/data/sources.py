@@ -261,6 +261,7 @@ def frames_to_bundle(name: str, train: pd.DataFrame, test: pd.DataFrame, spec: D
             )
     ytr, yte, class_names = _labels(train, test, spec, name)
     if spec.text_column in train.columns:
+        _check_text(train[spec.text_column], spec.text_column, name)
         vocab = Vocab.build(train[spec.text_column].astype(str), spec.vocab_size)
         xtr = vocab.encode(train[spec.text_column].astype(str).tolist(), spec.max_len)
         xte = vocab.encode(test[spec.text_column].astype(str).tolist(), spec.max_len)
@@ -291,6 +292,20 @@ def frames_to_bundle(name: str, train: pd.DataFrame, test: pd.DataFrame, spec: D
         class_names,
         notes=notes,
     )
+
+
+def _check_text(column: pd.Series, col: str, name: str) -> None:
+    """DataError unless the column holds text (not images, bytes, numbers or lists)."""
+    sample = column.dropna()
+    sample = sample.iloc[0] if len(sample) else ""
+    if not isinstance(sample, str):
+        kind = (
+            "images"
+            if isinstance(sample, dict) and {"bytes", "path"} & set(sample)
+            else f"{type(sample).__name__} values"
+        )
+        raise DataError(f"{name}: column {col!r} holds {kind}, not text; set data.text_column to a column of text "
+                        "(a table without one trains on its numeric columns)")  # fmt: skip
 
 
 def _labels(train: pd.DataFrame, test: pd.DataFrame, spec: DataSpec, name: str):

@@ -11,6 +11,9 @@ from growpipe.report import format_epoch
 class RunCallback:
     """Every method is optional. A callback must never raise into the run: errors are its own business."""
 
+    def on_data(self, data: dict[str, Any]) -> None:
+        """The data the run reads: DataBundle.describe() (summary, name, source, rows and digest per split)."""
+
     def on_start(self) -> None: ...
 
     def on_state_change(self, prev: Any, nxt: Any) -> None: ...
@@ -24,6 +27,10 @@ class RunCallback:
     def on_final_net(self, net: Any, summary: dict[str, Any]) -> None: ...
 
     def on_error(self, message: str) -> None: ...
+
+    def on_stop(self, reason: str) -> None:
+        """The run is being stopped from outside (Ctrl-C, SIGTERM, `ray job stop`, a Tune scheduler): from
+        another thread, possibly while the run's thread still works; the process may end soon after."""
 
     def close(self) -> Any: ...
 

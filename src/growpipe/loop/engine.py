@@ -65,9 +65,9 @@ class Engine(Protocol):
     """The trained net when it lives in this process (the local engine); None when it is spread over
     workers (the loop rebuilds it from `final_states`)."""
 
-    def open(self, layout: dict[str, Any] | None) -> tuple[InputInfo, str]:
-        """Read the data where the engine reads it (`layout`: where a checkpoint had the blocks); return its
-        description and a one-line summary."""
+    def open(self, layout: dict[str, Any] | None) -> tuple[InputInfo, dict[str, Any]]:
+        """Read the data where the engine reads it (`layout`: where a checkpoint had the blocks); return the
+        input description the blocks are planned from and the data's record (DataBundle.describe)."""
         ...
 
     def build(self, specs: list[BlockSpec], layout: dict[str, Any] | None) -> str:

@@ -79,6 +79,7 @@ class RunLoop:
         self.state: State = Starting(resume)
         self.error: str | None = None
         self.failure: BaseException | None = None  # the exception that ended the run
+        self.stop_reason: str | None = None  # why the run was stopped from outside (not a failure)
         self.plan = GrowthPlan(cfg)
         self.watch = FrozenWatch()
         self.info: InputInfo | None = None
@@ -109,6 +110,9 @@ class RunLoop:
         try:
             while not self.state.terminal:
                 self.step()
+        except BaseException as e:  # KeyboardInterrupt, SystemExit: this process is being stopped
+            self._stopped(self.stop_reason or f"interrupted ({type(e).__name__})")
+            raise
         finally:
             self._reject_pending(f"run {self.run_name!r} has {self.state.name}; nothing to grow")
             self.engine.stop()
@@ -137,6 +141,9 @@ class RunLoop:
         return prev, nxt
 
     def _after_failure(self, e: BaseException) -> State:
+        if self.stop_reason is not None:  # its workers went away because the run was stopped
+            self.error, self.failure = f"stopped: {self.stop_reason}", e
+            return Errored(self.error)
         what = describe(e)
         latest = self.store.latest() if self.store else None
         lost = isinstance(e, WorkerLost) and not isinstance(self.state, Starting)  # a fresh start has no restore point
@@ -161,8 +168,9 @@ class RunLoop:
         if s.resume:
             manifest = (self.store or CheckpointStore(cfg.checkpoint.uri, self.run_name)).read_manifest(s.resume)
         layout = manifest.get("layout") if manifest else None
-        self.info, summary = self.engine.open(layout)
-        self.say(f"data   {summary}")
+        self.info, data = self.engine.open(layout)
+        self.say(f"data   {data['summary']}")
+        notify(self.callbacks, "on_data", data, say=self.say)
         if manifest:
             check_input_matches(manifest["input"], self.info.to_dict())
             self.specs = [BlockSpec.from_dict(t) for t in manifest["topology"]]
@@ -491,10 +499,19 @@ class RunLoop:
         states = self.final_states if self.final_states is not None else self.final_net().state_dict()["blocks"]
         return {"topology": [s.to_dict() for s in self.specs], "info": self.info, "states": states}
 
-    def shutdown(self) -> None:
-        """Release everything now (from another thread: the driver stops a run midway)."""
+    def shutdown(self, reason: str | None = None) -> None:
+        """Release everything now (from another thread: the driver stops a run midway, `reason` says why).
+        A run that had not ended is recorded as stopped: KILLED in MLflow, nothing logged after."""
+        if reason and not self.state.terminal:
+            self._stopped(reason)
         self._reject_pending(f"run {self.run_name!r} was stopped")
         self.engine.stop()
+
+    def _stopped(self, reason: str) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = reason
+            self.say(f"stop   {reason}")
+            notify(self.callbacks, "on_stop", reason, say=self.say)
 
     def status(self) -> dict[str, Any]:
         """A small snapshot: state, the epoch running (or the last finished), blocks."""

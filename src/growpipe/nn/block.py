@@ -183,7 +183,11 @@ class Block:
             self.freeze()
         for k, s in state.get("optimizers", {}).items():
             if k in self.optimizers:
-                self.optimizers[k].load_state_dict(s)
+                opt = self.optimizers[k]
+                lrs = [g["lr"] for g in opt.param_groups]  # the rule's rates win over the saved ones
+                opt.load_state_dict(s)
+                for g, lr in zip(opt.param_groups, lrs, strict=True):
+                    g["lr"] = lr
 
     def parameters(self):
         return self.modules.parameters()

@@ -15,13 +15,9 @@ def connect_existing(address: str | None = None) -> None:
     """Join the cluster a job runs on: `address`, else $RAY_ADDRESS, else the newest local one (auto)."""
     if ray.is_initialized():
         return
-    target = address or os.environ.get("RAY_ADDRESS") or "auto"
-    try:
-        ray.init(address=target, namespace=NAMESPACE, log_to_driver=False)
-    except ConnectionError as e:
-        raise PipelineError(
-            f"no Ray cluster at {target!r} ({str(e).splitlines()[0]}); start the run first or pass --address"
-        ) from None
+    from growpipe.runtime.pipeline import join_cluster
+
+    join_cluster(address or os.environ.get("RAY_ADDRESS") or "auto", log_to_driver=False)
 
 
 def running_runs() -> list[str]:

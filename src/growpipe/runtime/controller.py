@@ -45,7 +45,8 @@ class Controller:
         store = checkpoint_store(cfg, run_name)
         if resume is not None and store is not None:
             manifest = store.read_manifest(resume)
-            if cfg.tracking.mlflow and manifest.get("mlflow_run_id") and not cfg.tracking.run_id:
+            ours = manifest.get("run") == run_name  # (a Tune trial may start from another trial's checkpoint)
+            if cfg.tracking.mlflow and manifest.get("mlflow_run_id") and not cfg.tracking.run_id and ours:
                 tracking = cfg.tracking.model_copy(update={"run_id": manifest["mlflow_run_id"]})
                 cfg = cfg.model_copy(update={"tracking": tracking})
         engine = make_engine(cfg, run_name, reserved, self._say)
@@ -89,10 +90,11 @@ class Controller:
         """A small snapshot: state, finished epochs, blocks."""
         return self.loop.status()
 
-    def shutdown(self) -> None:
+    def shutdown(self, reason: str | None = None) -> None:
         """Release every worker and placement group now (the driver calls this before killing the
-        controller: placement groups outlive the actor that made them)."""
-        self.loop.shutdown()
+        controller: placement groups outlive the actor that made them); `reason`: the run was stopped
+        before its end (recorded as KILLED)."""
+        self.loop.shutdown(reason)
 
 
 def launch_controller(cfg: RunConfig, run_name: str, reserved: tuple[Any, int] | None = None,

@@ -62,12 +62,12 @@ class Replica:
         self.bundle: Any = None
         self.info: InputInfo | None = None
 
-    def open(self) -> tuple[InputInfo, str]:
+    def open(self) -> tuple[InputInfo, dict[str, Any]]:
         from growpipe.data import load_data
 
         self.bundle = load_data(self.cfg.data)
         self.info = InputInfo.from_bundle(self.bundle)
-        return self.info, self.bundle.summary()
+        return self.info, self.bundle.describe()
 
     def build(self, topology: list[dict[str, Any]]) -> str:
         from growpipe.nn.methods import build_block
@@ -203,7 +203,7 @@ class DDPEngine:
         self._storage = tempfile.TemporaryDirectory(prefix="growpipe-ddp-")
         self._starts = 0
 
-    def open(self, layout: dict[str, Any] | None = None) -> tuple[InputInfo, str]:
+    def open(self, layout: dict[str, Any] | None = None) -> tuple[InputInfo, dict[str, Any]]:
         self._start_trainer()
         return self._ask("open")
 

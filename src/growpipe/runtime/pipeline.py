@@ -21,6 +21,36 @@ from growpipe.runtime.controller import launch_controller
 POLL_S = 0.5
 
 
+def join_cluster(address: str, log_to_driver: bool) -> Any:
+    """ray.init on an existing cluster, its failures said in one line with the fix: a missing or wrong auth
+    token (Ray 2.60 clusters use token authentication), or nothing at `address`."""
+    try:
+        return ray.init(address=address, namespace=NAMESPACE, log_to_driver=log_to_driver)
+    except ray.exceptions.AuthenticationError:
+        raise InputError(
+            f"--address {address}: the cluster uses token authentication and no token was found here; put the "
+            "cluster's token in ~/.ray/auth_token (or RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH) and set RAY_AUTH_MODE=token"
+        ) from None
+    except ConnectionError as e:
+        hint = "" if os.environ.get("RAY_AUTH_MODE") == "token" else (
+            "; if it uses token authentication (Ray 2.60's default), set RAY_AUTH_MODE=token with the cluster's "
+            "token in ~/.ray/auth_token")  # fmt: skip
+        raise InputError(f"--address {address}: no Ray cluster answered ({str(e).splitlines()[0]}){hint}") from None
+
+
+@contextlib.contextmanager
+def _keeping_sigterm_handler() -> Any:
+    """ray.init puts its own SIGTERM handlers in place (Python's sys.exit and a native failure handler);
+    put back the one the command installed, which stops a run as Ctrl-C does (see growpipe.cli)."""
+    import signal
+    import threading
+
+    handler = signal.getsignal(signal.SIGTERM)
+    yield
+    if callable(handler) and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
+
+
 def connect(cfg: RunConfig, address: str | None = None, cpus: int | None = None) -> tuple[bool, str | None]:
     """Make sure Ray is up: an existing connection, `address` / $RAY_ADDRESS, or an embedded local Ray
     (with `cpus` logical CPUs, default: enough for the run).
@@ -31,16 +61,18 @@ def connect(cfg: RunConfig, address: str | None = None, cpus: int | None = None)
         return False, None
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address:
-        ctx = ray.init(address=address, namespace=NAMESPACE, log_to_driver=True)
+        with _keeping_sigterm_handler():
+            ctx = join_cluster(address, log_to_driver=True)
         return True, _url(ctx.dashboard_url)
     cpus = cpus or cfg.runtime.num_cpus or max(os.cpu_count() or 1, logical_cpus_needed(cfg))
-    ctx = ray.init(
-        num_cpus=cpus,
-        namespace=NAMESPACE,
-        include_dashboard=cfg.runtime.dashboard,
-        log_to_driver=True,
-        _system_config={"max_direct_call_object_size": cfg.runtime.inline_kb * 1024},
-    )
+    with _keeping_sigterm_handler():
+        ctx = ray.init(
+            num_cpus=cpus,
+            namespace=NAMESPACE,
+            include_dashboard=cfg.runtime.dashboard,
+            log_to_driver=True,
+            _system_config={"max_direct_call_object_size": cfg.runtime.inline_kb * 1024},
+        )
     return True, _url(ctx.dashboard_url)
 
 
@@ -63,18 +95,18 @@ class Pipeline:
     ):
         """`reserved` = (placement group, first bundle) to place the stages in, e.g. a Tune trial's;
         `resume`: the checkpoint directory to continue from (see growpipe.resume.plan_resume)."""
-        self.cfg = cfg
+        self.cfg = resolve_paths(cfg)  # paths from here: actors may run elsewhere
         self.resume = resume
         self.address = address
-        self.run_name = run_name or cfg.name
+        self.run_name = run_name or self.cfg.name
         self.reserved = reserved
         self.dashboard_url: str | None = None
         self.controller: Any = None
         self._owns_ray = False
+        self._stop_reason: str | None = None
 
     def start(self) -> Pipeline:
         """Connect to Ray and launch the controller (refuses a second live run with the same name)."""
-        self.cfg = resolve_paths(self.cfg)  # paths from here: actors may run elsewhere
         self._owns_ray, self.dashboard_url = connect(self.cfg, self.address)
         try:
             ray.get_actor(self.run_name, namespace=NAMESPACE)
@@ -99,39 +131,51 @@ class Pipeline:
             self.start()
         if progress and self.dashboard_url:
             progress(f"ray    dashboard {self.dashboard_url}")
-        ref = self.controller.run.remote()
+        controller = self.controller  # stop() may drop the handle from another thread
+        ref = controller.run.remote()
         seen = rows = 0
-        while True:
-            ready, _ = ray.wait([ref], timeout=POLL_S)
-            seen = self._drain(seen, progress)
-            rows = self._report_rows(rows, on_epoch)
-            if ready:
-                break
-            if bar is not None and bar.active:
-                self._draw(bar)
-        result = ray.get(ref)
+        try:
+            while True:
+                ready, _ = ray.wait([ref], timeout=POLL_S)
+                seen = self._drain(controller, seen, progress)
+                rows = self._report_rows(controller, rows, on_epoch)
+                if ready:
+                    break
+                if bar is not None and bar.active:
+                    self._draw(controller, bar)
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from `ray job stop` (the CLI turns it into this)
+            self.stop("interrupted (Ctrl-C or SIGTERM)")
+            raise
+        except SystemExit:  # a Tune scheduler stopping this trial
+            self.stop("stopped early by the Tune scheduler")
+            raise
+        try:
+            result = ray.get(ref)
+        except ray.exceptions.RayActorError:  # killed by stop(), or its node went away
+            why = f"stopped: {self._stop_reason}" if self._stop_reason else "the run's controller actor died"
+            raise PipelineError(why) from None
         if bar is not None:
             bar.clear()
-        self._drain(seen, progress)
-        self._report_rows(rows, on_epoch)
+        self._drain(controller, seen, progress)
+        self._report_rows(controller, rows, on_epoch)
         if "error" in result:
             raise (InputError if result.get("bad_input") else PipelineError)(result["error"])
         return result
 
-    def _report_rows(self, since: int, on_epoch: Callable[[dict[str, Any]], None] | None) -> int:
+    def _report_rows(self, controller: Any, since: int, on_epoch: Callable[[dict[str, Any]], None] | None) -> int:
         if on_epoch is None:
             return since
         try:
-            rows = ray.get(self.controller.rows.remote(since), timeout=30)
+            rows = ray.get(controller.rows.remote(since), timeout=30)
         except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
             return since
         for row in rows:
             on_epoch(row)
         return since + len(rows)
 
-    def _draw(self, bar: EpochBar) -> None:
+    def _draw(self, controller: Any, bar: EpochBar) -> None:
         with contextlib.suppress(ray.exceptions.RayError):
-            pos = ray.get(self.controller.epoch_position.remote(), timeout=10)
+            pos = ray.get(controller.epoch_position.remote(), timeout=10)
             if pos:
                 bar.update(pos["epoch"], pos["epochs"], pos["batch"], pos["batches"])
 
@@ -144,9 +188,9 @@ class Pipeline:
             raise PipelineError("the run has not finished; call train() first")
         return GrowableNet.from_states(self.cfg.rule(), final["info"], final["topology"], final["states"])
 
-    def _drain(self, seen: int, progress: Callable[[str], None] | None) -> int:
+    def _drain(self, controller: Any, seen: int, progress: Callable[[str], None] | None) -> int:
         try:
-            lines, _ = ray.get(self.controller.progress.remote(seen), timeout=30)
+            lines, _ = ray.get(controller.progress.remote(seen), timeout=30)
         except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
             return seen
         for line in lines:
@@ -154,11 +198,13 @@ class Pipeline:
                 progress(line)
         return seen + len(lines)
 
-    def stop(self) -> None:
-        """Kill the controller (its stages are already gone) and disconnect if this handle connected."""
+    def stop(self, reason: str | None = None) -> None:
+        """Release the run's workers and placement groups, kill the controller and disconnect if this
+        handle connected. `reason`: the run is stopped before its end (its MLflow run ends KILLED)."""
+        self._stop_reason = self._stop_reason or reason
         if self.controller is not None:
             with contextlib.suppress(ray.exceptions.RayError):  # already gone: its resources went with it
-                ray.get(self.controller.shutdown.remote(), timeout=30)
+                ray.get(self.controller.shutdown.remote(reason), timeout=30)
             ray.kill(self.controller, no_restart=True)
             self.controller = None
             time.sleep(0.1)  # let the name be released before a next run reuses it

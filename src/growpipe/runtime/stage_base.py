@@ -31,10 +31,10 @@ class StageBase:
         self.bundle: DataBundle | None = None
 
     # ---- the data (stage 0) -------------------------------------------------------------------------
-    def load_data(self) -> tuple[InputInfo, str]:
-        """Stage 0 reads the dataset itself; returns what the loop needs to plan the blocks."""
+    def load_data(self) -> tuple[InputInfo, dict[str, Any]]:
+        """Stage 0 reads the dataset itself; returns what the loop needs to plan the blocks and its record."""
         self.bundle = load_data(self.cfg.data)
-        return InputInfo.from_bundle(self.bundle), self.bundle.summary()
+        return InputInfo.from_bundle(self.bundle), self.bundle.describe()
 
     def train_size(self) -> int:
         """Stage 0: training samples per epoch."""

@@ -57,14 +57,14 @@ class StageEngine:
         self._reserved_pg, self._next_bundle = reserved if reserved else (None, 0)
 
     # ---- placement ------------------------------------------------------------------------------------
-    def open(self, layout: dict[str, Any] | None = None) -> tuple[InputInfo, str]:
+    def open(self, layout: dict[str, Any] | None = None) -> tuple[InputInfo, dict[str, Any]]:
         """Place stage 0 (in a placement group with room for every stage of its own) and read the data."""
         hosts = (layout or {}).get("hosts") or [None] * self.cfg.net.blocks
         if self._reserved_pg is None:
             self._shared_pg = make_stage_pg(self.cfg, sum(h is None for h in hosts), self.cfg.runtime.placement)
         self.slots = [self._launch_in_shared(0)]
-        self.info, summary = self._get(self.slots[0].handle.load_data.remote(), "stage 0 loading the data")
-        return self.info, summary
+        self.info, data = self._get(self.slots[0].handle.load_data.remote(), "stage 0 loading the data")
+        return self.info, data
 
     def _launch_in_shared(self, index: int) -> Slot:
         """Launch stage `index` in the next bundle of the run's shared placement group: its own, or the

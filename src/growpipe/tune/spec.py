@@ -87,12 +87,18 @@ class Domain(_Strict):
 
 
 class SchedulerSpec(_Strict):
-    """Trial scheduler: ASHA stops poor trials early (by epoch); fifo runs every trial to its end."""
+    """Trial scheduler: ASHA stops poor trials early (by epoch); fifo runs every trial to its end; pbt
+    (population-based training) replaces a poor trial's net by a copy of a good one's (its checkpoint:
+    topology, weights and growth history) with mutated hyperparameters, every perturbation_interval epochs."""
 
-    name: Literal["asha", "fifo"] = "asha"
+    name: Literal["asha", "fifo", "pbt"] = "asha"
+    """asha, fifo or pbt."""
     grace_period: int = Field(1, ge=1)
-    """Epochs every trial runs before ASHA may stop it."""
+    """asha: epochs every trial runs before it may be stopped."""
     reduction_factor: float = Field(2.0, gt=1)
+    """asha: the fraction 1/reduction_factor of trials goes on at each rung."""
+    perturbation_interval: int = Field(2, ge=1)
+    """pbt: epochs between two exploit/explore steps."""
 
 
 class ResourcesSpec(_Strict):
@@ -138,12 +144,18 @@ class SweepSpec(_Strict):
     num_samples: int = Field(1, ge=1)
     """Samples of the search space (each grid combination is run num_samples times)."""
     scheduler: SchedulerSpec = SchedulerSpec()
+    search: Literal["random", "optuna"] = "random"
+    """How trials are chosen: random (Tune's variant generator: grid domains in every combination, the others
+    drawn) or optuna (Optuna's TPE sampler, learning from finished trials; no grid domains)."""
+    seed: int = 0
+    """Seeds the search: Tune's draws, or Optuna's sampler."""
     resources: ResourcesSpec = ResourcesSpec()
     source: SourceSpec | None = None
     cost_weight: float = Field(0.5, ge=0)
     """kind thresholds: score = accuracy - cost_weight * (fraction of the full path's MACs used)."""
     save_checkpoints: bool = True
-    """kind train: each trial stores its trained net as a Tune checkpoint (the best one's path is printed)."""
+    """kind train: each trial reports a run checkpoint every epoch (so an interrupted sweep resumes its trials and
+    pbt can copy them; the best one's path is printed, growpipe evaluate reads it)."""
     output: str | None = None
     """Where the best config and the results table go (default runs/sweeps/NAME)."""
 
@@ -161,6 +173,14 @@ class SweepSpec(_Strict):
                 raise ValueError("kind thresholds needs a threshold domain in search_space (e.g. uniform: [0.5, 0.99])")
         elif self.source is not None:
             raise ValueError("source is for kind thresholds; a train sweep trains its own nets")
+        grids = [k for k, d in self.search_space.items() if d.grid is not None]
+        if self.search == "optuna" and grids:
+            raise ValueError(f"search optuna samples its own values: use choice instead of grid for {grids}")
+        if self.scheduler.name == "pbt":
+            if self.kind != "train" or self.search != "random" or not self.save_checkpoints:
+                raise ValueError("scheduler pbt is for kind train with search random and save_checkpoints true")
+            if len(grids) == len(self.search_space):
+                raise ValueError("scheduler pbt mutates choice/uniform/loguniform/randint domains; give at least one")
         return self
 
     @property
@@ -168,7 +188,9 @@ class SweepSpec(_Strict):
         return self.metric or ("score" if self.kind == "thresholds" else "test_accuracy")
 
     def out_dir(self) -> Path:
-        return Path(self.output or f"runs/sweeps/{self.name}").resolve()
+        from growpipe.prepare import absolute
+
+        return Path(absolute(self.output or f"runs/sweeps/{self.name}"))
 
 
 def base_raw(spec: SweepSpec) -> dict[str, Any]:

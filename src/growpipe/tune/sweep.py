@@ -8,6 +8,7 @@ and one bundle per block it may grow to, so its stage actors never compete with 
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Callable
@@ -93,7 +94,8 @@ def prepare(spec: SweepSpec) -> tuple[dict[str, Any], list[RunConfig]]:
 class SweepRecord:
     """The sweep's parent MLflow run (trials become its children); never fails the sweep."""
 
-    def __init__(self, cfg: RunConfig, spec: SweepSpec, say: Callable[[str], None]):
+    def __init__(self, cfg: RunConfig, spec: SweepSpec, say: Callable[[str], None], run_id: str | None = None):
+        """`run_id`: the run of an interrupted sweep being resumed (else a new run is made)."""
         self.say = say
         self.uri = cfg.tracking.uri or default_tracking_uri(cfg.tracking.workdir)
         self.enabled = cfg.tracking.mlflow
@@ -107,6 +109,11 @@ class SweepRecord:
 
             self.client = MlflowClient(tracking_uri=self.uri)
             self.experiment_id = experiment_id(self.client, cfg.tracking.experiment)
+            if run_id is not None:
+                self.client.update_run(run_id, status="RUNNING")
+                self.run_id = run_id
+                say(f"mlflow sweep run {run_url(self.uri, self.experiment_id, run_id)} (resumed)")
+                return
             tags = {"growpipe.sweep": spec.name, "growpipe.kind": spec.kind}
             self.run_id = self.client.create_run(self.experiment_id, run_name=spec.name, tags=tags).info.run_id
             params = flatten(spec.model_dump(mode="json", exclude_none=True))
@@ -154,16 +161,37 @@ class SweepRecord:
 
 
 def _scheduler(spec: SweepSpec, cfgs: list[RunConfig]) -> Any:
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, PopulationBasedTraining
 
     if spec.kind == "thresholds" or spec.scheduler.name == "fifo":
         return FIFOScheduler()
+    if spec.scheduler.name == "pbt":
+        mutations = {k: d.to_tune() for k, d in spec.search_space.items() if d.grid is None}
+        return PopulationBasedTraining(time_attr="training_iteration", hyperparam_mutations=mutations,
+                                       perturbation_interval=spec.scheduler.perturbation_interval)  # fmt: skip
     return ASHAScheduler(
         time_attr="training_iteration",
         max_t=max(c.total_epochs() for c in cfgs),
         grace_period=spec.scheduler.grace_period,
         reduction_factor=spec.scheduler.reduction_factor,
     )
+
+
+def _stop(spec: SweepSpec, cfgs: list[RunConfig]) -> dict[str, int] | None:
+    """A trial ends once it has reported its last epoch (PBT would otherwise copy a finished trial on)."""
+    return {"training_iteration": max(c.total_epochs() for c in cfgs)} if spec.kind == "train" else None
+
+
+def _search(spec: SweepSpec) -> Any:
+    """Tune's variant generator (grid and random draws) or Optuna's TPE sampler, seeded."""
+    if spec.search == "optuna":
+        import optuna
+        from ray.tune.search.optuna import OptunaSearch
+
+        return OptunaSearch(sampler=optuna.samplers.TPESampler(seed=spec.seed))
+    from ray.tune.search import BasicVariantGenerator
+
+    return BasicVariantGenerator(random_state=spec.seed)
 
 
 def _source_exits(
@@ -191,8 +219,14 @@ def _source_exits(
     return stored
 
 
-def run_sweep(spec: SweepSpec, address: str | None = None, say: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run the sweep to the end; return its summary (best params, metric, best-config path, trials)."""
+def run_sweep(spec: SweepSpec, address: str | None = None, say: Callable[[str], None] = print,
+              resume: bool | None = None) -> dict[str, Any]:  # fmt: skip
+    """Run the sweep to the end; return its summary (best params, metric, best-config path, trials).
+
+    An interrupted sweep (its directory says so) is resumed with Tuner.restore when `resume` is None or
+    True: finished trials are kept, unfinished ones go on from their last checkpoint, in the same MLflow
+    parent run; `resume` False starts over. Interrupting it (Ctrl-C, SIGTERM) records the sweep as
+    KILLED, says how to resume, and raises KeyboardInterrupt."""
     from ray import tune
 
     from growpipe.prepare import resolve_paths
@@ -222,7 +256,14 @@ def run_sweep(spec: SweepSpec, address: str | None = None, say: Callable[[str], 
         gpus = cluster.get("GPU", 0) > 0
         space = {k: d.to_tune() for k, d in spec.search_space.items()}
         stored = _source_exits(spec, base, address, say) if spec.kind == "thresholds" else None
-        record = SweepRecord(base_cfg, spec, say)
+        state = SweepState(out)
+        restoring = resume is not False and state.unfinished() and tune.Tuner.can_restore(str(out / "trials"))
+        if resume and not restoring:
+            raise ConfigError(f"--resume: no interrupted sweep in {out}; run it without --resume to start it")
+        if not restoring:
+            state.clear()
+        record = SweepRecord(base_cfg, spec, say, run_id=state.get("parent_run_id") if restoring else None)
+        state.write(status="running", parent_run_id=record.run_id)
         if stored is not None:
             save_exits(out / "exits.npz", stored)
             trainable = tune.with_parameters(
@@ -245,32 +286,80 @@ def run_sweep(spec: SweepSpec, address: str | None = None, say: Callable[[str], 
                     trial_bundles(spec, trial_config(base, params), gpus), strategy=base_cfg.runtime.placement
                 ),
             )
-        tuner = tune.Tuner(
-            trainable,
-            param_space=space,
-            tune_config=tune.TuneConfig(
-                metric=spec.objective,
-                mode=spec.mode,
-                num_samples=spec.num_samples,
-                scheduler=_scheduler(spec, cfgs),
-                max_concurrent_trials=spec.resources.max_concurrent_trials,
-            ),
-            run_config=tune.RunConfig(
-                name="trials",
-                storage_path=str(out),
-                verbose=1 if spec.kind == "train" else 0,
-                failure_config=tune.FailureConfig(max_failures=0),
-            ),  # fmt: skip
-        )
+        if restoring:
+            say(f"sweep  resuming the interrupted sweep in {out} (finished trials kept; --fresh starts over)")
+            tuner = tune.Tuner.restore(str(out / "trials"), trainable, resume_unfinished=True, resume_errored=True)
+        else:
+            tuner = tune.Tuner(
+                trainable,
+                param_space=space,
+                tune_config=tune.TuneConfig(
+                    metric=spec.objective, mode=spec.mode, num_samples=spec.num_samples, search_alg=_search(spec),
+                    scheduler=_scheduler(spec, cfgs), max_concurrent_trials=spec.resources.max_concurrent_trials,
+                ),
+                run_config=tune.RunConfig(
+                    name="trials", storage_path=str(out), verbose=1 if spec.kind == "train" else 0,
+                    failure_config=tune.FailureConfig(max_failures=0),
+                    checkpoint_config=tune.CheckpointConfig(num_to_keep=4 if spec.scheduler.name == "pbt" else 2),
+                    stop=_stop(spec, cfgs),
+                ),
+            )  # fmt: skip
         try:
             grid = tuner.fit()
         except BaseException:
-            record.finish({}, [], "KILLED")
+            _interrupted(record, state, spec, say)
             raise
-        return _finish(spec, base, grid, record, out, say)
+        if _unfinished(spec, out):  # Tune caught the Ctrl-C itself, saved its state and returned
+            _interrupted(record, state, spec, say)
+            raise KeyboardInterrupt
+        summary = _finish(spec, base, grid, record, out, say)
+        state.write(status="finished", parent_run_id=record.run_id)
+        return summary
     finally:
         if owns:
             ray.shutdown()
+
+
+class SweepState:
+    """`OUT/sweep.json`: whether the sweep in OUT finished, and its MLflow parent run (for a resume)."""
+
+    def __init__(self, out: Path):
+        self.path = out / "sweep.json"
+        self.data: dict[str, Any] = json.loads(self.path.read_text()) if self.path.is_file() else {}
+
+    def get(self, key: str) -> Any:
+        return self.data.get(key)
+
+    def unfinished(self) -> bool:
+        return self.data.get("status") in ("running", "interrupted")
+
+    def write(self, **fields: Any) -> None:
+        self.data.update(fields)
+        atomic_write_text(self.path, json.dumps(self.data, indent=1))
+
+    def clear(self) -> None:
+        """A fresh start: the old experiment's trials go (Tune would otherwise mix them in)."""
+        import shutil
+
+        shutil.rmtree(self.path.parent / "trials", ignore_errors=True)
+        self.path.unlink(missing_ok=True)
+        self.data = {}
+
+
+def _unfinished(spec: SweepSpec, out: Path) -> bool:
+    """Whether the sweep's saved experiment has trials still to run (fewer than asked for, or not ended)."""
+    from ray.tune import ExperimentAnalysis
+
+    trials = ExperimentAnalysis(str(out / "trials")).trials
+    expected = spec.num_samples * math.prod(len(d.grid) for d in spec.search_space.values() if d.grid is not None)
+    return len(trials) < expected or any(t.status not in ("TERMINATED", "ERROR") for t in trials)
+
+
+def _interrupted(record: SweepRecord, state: SweepState, spec: SweepSpec, say: Callable[[str], None]) -> None:
+    record.finish({}, [], "KILLED")
+    state.write(status="interrupted")
+    say(f"sweep  {spec.name} interrupted; run the same growpipe sweep command again to resume it "
+        "(finished trials are kept, the others go on from their last checkpoint)")  # fmt: skip
 
 
 def growpipe_train(params: dict[str, Any], **kw: Any) -> None:
@@ -293,7 +382,7 @@ def _finish(
     for r in grid:
         trials.append({
             "trial": (r.metrics or {}).get("trial_id") or (r.path.rsplit("/", 1)[-1] if r.path else "?"),
-            "params": dict(r.config),
+            "params": dict(r.config or {}),
             "metric": (r.metrics or {}).get(spec.objective),
             "epochs": (r.metrics or {}).get("training_iteration"),
             "error": str(r.error).splitlines()[0] if r.error else None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,47 +27,88 @@ def train_trial(
     save_checkpoint: bool,
 ) -> None:
     """Train one net on Ray with the trial's `params`: its stages go into the bundles 1.. of the trial's
-    placement group (bundle 0 is this function's), every epoch is reported to Tune (so ASHA can stop it),
-    and the last report carries the final metrics and, with `save_checkpoint`, the trained net."""
+    placement group (bundle 0 is this function's), every epoch is reported to Tune (so ASHA can stop it)
+    with the run checkpoint of that epoch (`save_checkpoint`), and the last report carries the final
+    metrics. A trial Tune restarts (Tuner.restore, or PBT copying another trial's net) resumes from the
+    checkpoint Tune hands it: topology, weights and growth history, in the same MLflow run."""
     from ray import tune
     from ray.util import get_current_placement_group
 
+    from growpipe.checkpoint import CheckpointStore
     from growpipe.runtime.pipeline import Pipeline
     from growpipe.tracking import epoch_metrics
 
     ctx = tune.get_context()
     name = trial_run_name(sweep, ctx.get_trial_id())
-    # Tune keeps the trained net (the last report's checkpoint); run checkpoints would only be copied
-    # along with the trial's directory
-    base = {**base, "name": name, "checkpoint": {**base.get("checkpoint", {}), "enabled": False}}
+    ckpt_root = tempfile.mkdtemp(prefix="growpipe-trial-")  # the run's restore points; Tune keeps copies
+    base = {**base, "name": name, "checkpoint": {**base.get("checkpoint", {}), "enabled": save_checkpoint,
+            "uri": ckpt_root, "keep": 3, "every_epochs": 1}}  # fmt: skip
     if parent_run_id:
-        base["tracking"] = {**base.get("tracking", {}), "parent_run_id": parent_run_id}
+        tracking = {**base.get("tracking", {}), "parent_run_id": parent_run_id}
+        tracking["run_id"] = _existing_child(tracking, name)  # one MLflow run per trial, across restarts
+        base["tracking"] = tracking
     cfg = trial_config(base, params, f"trial {ctx.get_trial_name()}")
     last_epoch = cfg.total_epochs()
+    store = CheckpointStore(ckpt_root, name)
     held: list[dict[str, Any]] = []
 
     def to_tune(row: dict[str, Any]) -> dict[str, float]:  # losses go to MLflow; Tune's table shows accuracy
         return {k: v for k, v in epoch_metrics(row).items() if not k.startswith("loss.") or k == metric}
 
+    def checkpoint_after(epoch: int) -> Any:
+        """The run checkpoint written at the end of `epoch` (the loop writes it right after the epoch row)."""
+        deadline = time.monotonic() + 60
+        while save_checkpoint and time.monotonic() < deadline:
+            ref = store.latest()
+            if ref is not None and ref.epoch >= epoch and ref.batch == 0:
+                return tune.Checkpoint.from_directory(ref.path)
+            time.sleep(0.05)
+        return None
+
     def report(row: dict[str, Any]) -> None:
-        if row["epoch"] >= last_epoch:  # reported below, with the final metrics and the checkpoint
+        if row["epoch"] >= last_epoch:  # reported below, with the final metrics
             held.append(row)
         else:
-            tune.report(to_tune(row))
+            tune.report(to_tune(row), checkpoint=checkpoint_after(row["epoch"]))
 
-    pg = get_current_placement_group()
-    with Pipeline(cfg, run_name=name, reserved=(pg, 1) if pg else None) as p:
-        summary = p.train(progress=None, on_epoch=report)
-        final = to_tune(held[-1]) if held else {}
-        final.update(final_test_accuracy=summary["test_accuracy"], epochs_run=summary["epochs"])
-        if not save_checkpoint:
-            tune.report(final)
-            return
-        from growpipe.checkpoint import save_net
+    given = tune.get_checkpoint()
+    with given.as_directory() if given else contextlib.nullcontext() as resume:
+        if resume:
+            _note_copy(cfg, name, resume)
+        pg = get_current_placement_group()
+        with Pipeline(cfg, run_name=name, reserved=(pg, 1) if pg else None, resume=resume) as p:
+            summary = p.train(progress=None, on_epoch=report)
+            final = to_tune(held[-1]) if held else {}
+            final.update(final_test_accuracy=summary["test_accuracy"], epochs_run=summary["epochs"])
+            tune.report(final, checkpoint=checkpoint_after(summary["epochs"]))
 
-        with tempfile.TemporaryDirectory() as tmp:
-            save_net(Path(tmp) / "net", p.final_net(), cfg, summary)
-            tune.report(final, checkpoint=tune.Checkpoint.from_directory(str(Path(tmp) / "net")))
+
+def _existing_child(tracking: dict[str, Any], name: str) -> str | None:
+    """The MLflow run of trial `name` under the sweep's run, when an earlier start of the trial made one."""
+    with contextlib.suppress(Exception):  # tracking never fails a trial
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=tracking["uri"])
+        parent = client.get_run(tracking["parent_run_id"])
+        runs = client.search_runs([parent.info.experiment_id], filter_string=(
+            f"tags.mlflow.parentRunId = '{parent.info.run_id}' and attributes.run_name = '{name}'"))  # fmt: skip
+        return runs[0].info.run_id if runs else None
+    return None
+
+
+def _note_copy(cfg: Any, name: str, resume: str) -> None:
+    """PBT handed this trial another trial's net: say so in the trial's MLflow run."""
+    import json
+
+    manifest = json.loads((Path(resume) / "manifest.json").read_text())
+    if manifest.get("run") == name or not cfg.tracking.mlflow or not cfg.tracking.run_id:
+        return
+    with contextlib.suppress(Exception):
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=cfg.tracking.uri)
+        client.set_tag(cfg.tracking.run_id, "growpipe.pbt.copied_from", manifest["run"])
+        client.set_tag(cfg.tracking.run_id, "growpipe.pbt.at_epoch", str(manifest["epoch"]))
 
 
 def threshold_trial(
