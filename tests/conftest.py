@@ -82,14 +82,40 @@ def text_dir(tmp_path: Path) -> Path:
     return d
 
 
+def _session_ray() -> None:
+    import ray
+
+    from growpipe.runtime import NAMESPACE
+
+    ray.init(num_cpus=4, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     """One local Ray for the whole test run (4 logical CPUs: room for a few 1-CPU stages)."""
     import ray
 
-    from growpipe.runtime import NAMESPACE
-
     if not ray.is_initialized():
-        ray.init(num_cpus=4, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
+        _session_ray()
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def multinode():
+    """A Ray cluster of three raylets on this machine (growpipe.runtime.raylets): a head with no CPU and two
+    1-CPU workers; tests remove and add workers. The session's Ray is stopped meanwhile and started again
+    afterwards."""
+    import ray
+
+    from growpipe.runtime.raylets import raylet_cluster
+
+    was_up = ray.is_initialized()
+    if was_up:
+        ray.shutdown()
+    try:
+        with raylet_cluster() as cluster:
+            yield cluster
+    finally:
+        if was_up:
+            _session_ray()

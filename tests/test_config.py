@@ -23,6 +23,8 @@ def test_empty_config_is_valid_defaults():
         ({"grow": {"schedule": [{"kind": "feature", "group": "chunk9"}]}}, "unknown feature group 'chunk9'"),
         ({"trian": {}}, "trian: unknown field"),
         ({"runtime": {"window": 2, "packets_per_call": 4}}, "runtime: packets_per_call (4) is more than window (2)"),
+        ({"runtime": {"on_lost_node": "retry"}}, "runtime.on_lost_node: got 'retry'"),
+        ({"runtime": {"placement_timeout_s": 0}}, "runtime.placement_timeout_s:"),
     ],
 )
 def test_bad_fields_name_the_field_and_the_fix(raw, needle):

@@ -283,3 +283,20 @@ def test_stage_stats_merge_pieces_of_an_epoch():
     assert (m.samples, m.batches, m.busy_s, m.losses) == (16, 3, 3.0, {"b1.ce": 2.0})
     m.wall_s = 6.0
     assert m.row()["utilisation"] == pytest.approx(0.5)
+
+
+def test_topology_policy_replaces_waits_shrinks_fails_and_expands():
+    from growpipe.loop.topology import Fail, Layout, Replace, Shrink, Wait, after_loss, expand
+
+    spread = Layout.spread([None, None, None])
+    assert after_loss(spread, [True, True, True], 0, 30, "shrink") == Replace(spread)
+    assert isinstance(after_loss(spread, [True, False, True], 5, 30, "shrink"), Wait)
+    assert isinstance(after_loss(spread, [True, False, True], 99, 30, "wait"), Wait)
+    assert "on_lost_node: fail" in after_loss(spread, [True, False, True], 31, 30, "fail", "node ab12").message
+    shrunk = after_loss(spread, [True, False, True], 31, 30, "shrink")
+    assert shrunk == Shrink(Layout((None, 0, None), (0, None, 2)), (1,))  # block 1 runs after block 0
+    lost_first = after_loss(spread, [False, True, True], 31, 30, "shrink")  # block 0's home is gone
+    assert lost_first.layout == Layout((None, 0, None), (1, None, 2))  # block 0's actor moves to block 1's home
+    assert isinstance(after_loss(spread, [False, False, False], 31, 30, "shrink"), Fail)
+    assert expand(shrunk.layout, spread, [True, True, True]) and not expand(shrunk.layout, spread, [True, False, True])
+    assert not expand(spread, spread, [True, True, True])  # nothing to spread

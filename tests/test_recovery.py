@@ -90,8 +90,8 @@ def test_killed_driver_resumes_from_its_checkpoint_in_the_same_mlflow_run(tmp_pa
         "method": "dascpl",
         "net": {"width": 32},
         "al": {"code_dim": 8},
-        "train": {"epochs": 3},
-        "grow": {"schedule": [{"kind": "layer", "epochs": 3}]},
+        "train": {"epochs": 2},
+        "grow": {"schedule": [{"kind": "layer", "epochs": 2}]},
         "checkpoint": {"uri": str(tmp_path / "ck"), "every_epochs": 1},
         "tracking": {"uri": uri, "experiment": "resume", "workdir": str(tmp_path)},
         "runtime": {"dashboard": False, "timeline_epoch": 0, "num_cpus": 3},
@@ -105,14 +105,14 @@ def test_killed_driver_resumes_from_its_checkpoint_in_the_same_mlflow_run(tmp_pa
     store = CheckpointStore(str(tmp_path / "ck"), "resumable")
     deadline = time.time() + 240
     try:
-        while time.time() < deadline:  # past the growth (end of epoch 3) and one more epoch
+        while time.time() < deadline:  # past the growth (end of epoch 2) and one more epoch
             ref = store.latest()
-            if ref is not None and ref.epoch >= 4:
+            if ref is not None and ref.epoch >= 3:
                 break
             assert driver.poll() is None, "the driver ended before it could be killed"
             time.sleep(0.2)
         else:
-            pytest.fail("no checkpoint past epoch 4 within 4 minutes")
+            pytest.fail("no checkpoint past epoch 3 within 4 minutes")
     finally:
         os.killpg(driver.pid, signal.SIGKILL)  # the driver and the Ray it started, mid-run
         driver.wait(timeout=60)
@@ -122,14 +122,14 @@ def test_killed_driver_resumes_from_its_checkpoint_in_the_same_mlflow_run(tmp_pa
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     assert f"resume {tmp_path / 'ck' / 'resumable'}/ckpt-" in resumed.stdout
     result = json.loads(out.read_text())
-    assert result["epochs"] == 6 and result["blocks"] == 3
-    assert [(g["epoch"], g["blocks"]) for g in result["growth"]] == [(3, 3)]  # no repeated growth
-    assert [r["epoch"] for r in result["history"]] == [1, 2, 3, 4, 5, 6]
+    assert result["epochs"] == 4 and result["blocks"] == 3
+    assert [(g["epoch"], g["blocks"]) for g in result["growth"]] == [(2, 3)]  # no repeated growth
+    assert [r["epoch"] for r in result["history"]] == [1, 2, 3, 4]
 
     client = MlflowClient(tracking_uri=uri)
     runs = client.search_runs([client.get_experiment_by_name("resume").experiment_id])
     assert len(runs) == 1  # the resumed run logged into the same MLflow run
     run = runs[0]
     assert run.info.status == "FINISHED"
-    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "growth.blocks")] == [(3, 3.0)]
-    assert {m.step for m in client.get_metric_history(run.info.run_id, "test_accuracy")} == {1, 2, 3, 4, 5, 6}
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "growth.blocks")] == [(2, 3.0)]
+    assert {m.step for m in client.get_metric_history(run.info.run_id, "test_accuracy")} == {1, 2, 3, 4}

@@ -144,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "x K (accuracy, samples/s, time to target, ratios); "
                     "pipeline: Ray pipeline vs sequential, BP, torch GPipe; "
                     "reference: accuracy and seconds/epoch per learning rule; growth: accuracy across growth, "
-                    "the frozen-prefix cache, adaptive exits")  # fmt: skip
+                    "the frozen-prefix cache, adaptive exits; elastic: a node lost and joined on a 3-raylet "
+                    "cluster (seconds to shrink and to spread out, samples/s)")  # fmt: skip
     be.add_argument("args", nargs=argparse.REMAINDER, help="e.g. --quick --json-out FILE")
 
     ml = sub.add_parser("mlflow", help="MLflow helpers: send a run's entries that could not be sent")
@@ -172,7 +173,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from growpipe.fsutil import atomic_write_json
     from growpipe.prepare import check_run, resolve_paths, temporary_workdir_warning
     from growpipe.progress import EpochBar
-    from growpipe.report import format_report, format_stage_table
+    from growpipe.report import format_report, format_stage_table, format_topology_changes
     from growpipe.tracking import ui_command
 
     resume_from = None
@@ -207,6 +208,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     print(format_report(summary))
     if "stages" in summary:
         print(format_stage_table(summary["stages"]))
+    if summary.get("topology_changes"):
+        print("topology changes:\n" + format_topology_changes(summary["topology_changes"]))
     if args.plot_out:
         title = f"{cfg.method} on {cfg.data.name}, {summary['blocks']} blocks"
         summary["plots"] = {"accuracy_vs_compute": str(_plot(summary, args.plot_out, title))}
@@ -335,7 +338,13 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-BENCHES = {"compare": "compare.py", "growth": "growth.py", "pipeline": "pipeline.py", "reference": "reference.py"}
+BENCHES = {
+    "compare": "compare.py",
+    "elastic": "elastic.py",
+    "growth": "growth.py",
+    "pipeline": "pipeline.py",
+    "reference": "reference.py",
+}
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:

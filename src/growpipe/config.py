@@ -371,6 +371,10 @@ class RuntimeSpec(_Strict):
     """bp_schedule ddp: Ray Train workers (default: net.blocks, the resources a pipeline would use)."""
     spectrain: bool = False
     """bp_schedule 1f1b: SpecTrain weight prediction instead of weight stashing."""
+    on_lost_node: Literal["shrink", "wait", "fail"] = "shrink"
+    """When a stage's node is lost and its bundle cannot be placed again within placement_timeout_s: shrink
+    (its blocks run packed into the surviving stage actors; they spread out again at an epoch boundary once
+    capacity returns), wait (for capacity, however long), or fail (the run ends; --resume goes on later)."""
     max_stage_restarts: int = Field(3, ge=0)
     """A stage actor that dies is replaced and the run rolls back to its last checkpoint, up to this many
     times per run (needs checkpoint.enabled); then the run fails."""

@@ -97,12 +97,19 @@ def format_report(summary: dict[str, Any]) -> str:
 
 def format_stage_table(stages: list[dict[str, Any]]) -> str:
     """The per-stage profile of a pipeline run as a short table."""
-    lines = ["  stage  block         samples/s   busy s  wait-in s  blocked s   util  hop ms  max in flight"]
+    lines = ["  stage  block         samples/s   busy s  wait-in s  blocked s   util  hop ms  max in flight"
+             "  node      device"]  # fmt: skip
     for r in stages:
         hop = "-" if r["hop_ms_median"] is None else f"{r['hop_ms_median']:.2f}"
         lines.append(
             f"  {r['stage']:>5}  {r['block']:<12}  {r['samples_per_second']:>9.0f}  {r['busy_s']:>7.1f}  "
             f"{r['wait_input_s']:>9.1f}  {r['blocked_s']:>9.1f}  {100 * r['utilisation']:>4.0f}%  {hop:>6}  "
-            f"{r['max_inflight']:>13}"
+            f"{r['max_inflight']:>13}  {(r.get('node') or '-')[:8]:<8}  {r.get('device') or '-'}"
         )
     return "\n".join(lines)
+
+
+def format_topology_changes(changes: list[dict[str, Any]]) -> str:
+    """One line per topology change of a run (replace, shrink, expand): when, why, how many actors after."""
+    return "\n".join(f"  epoch {c['epoch']} batch {c['batch']}: {c['change']} ({c['why']}); {c['actors']} stage "
+                     "actor(s)" for c in changes)  # fmt: skip

@@ -135,6 +135,13 @@ class MlflowTracker(RunCallback):
         self.queue.append({"op": "metrics", "metrics": epoch_metrics(row), "step": row["epoch"]})
         self.flush()
 
+    def on_topology(self, event: dict[str, Any]) -> None:
+        """A topology change (replace, shrink, expand): the stage actors it left, and why."""
+        if self.ended:
+            return
+        self.queue.append({"op": "metrics", "step": event["epoch"], "metrics": {"topology.actors": event["actors"]}})
+        self.queue.append({"op": "tags", "tags": {"growpipe.topology.last": f"{event['change']}: {event['why']}"}})
+
     def on_growth(self, event: dict[str, Any]) -> None:
         if self.ended:
             return

@@ -22,6 +22,9 @@ class RunCallback:
 
     def on_growth(self, event: dict[str, Any]) -> None: ...
 
+    def on_topology(self, event: dict[str, Any]) -> None:
+        """Where the blocks run changed (replace, shrink, expand): growpipe.loop.elastic.Topology.record."""
+
     def on_finish(self, summary: dict[str, Any]) -> None: ...
 
     def on_final_net(self, net: Any, summary: dict[str, Any]) -> None: ...

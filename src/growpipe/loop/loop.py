@@ -20,6 +20,7 @@ from growpipe.config import GrowStep, RunConfig, parse_grow_request
 from growpipe.errors import ConfigError, GrowpipeError, ShapeError
 from growpipe.growth import FrozenWatch, GrowthPlan, growth_event, note_epoch
 from growpipe.loop.callbacks import RunCallback, notify
+from growpipe.loop.elastic import Topology
 from growpipe.loop.engine import Engine, Prepared, WorkerLost
 from growpipe.loop.orders import GrowOrder, check_input_size
 from growpipe.loop.policies import CheckpointTiming, Raise, decide_failure, grow_refusal
@@ -102,6 +103,7 @@ class RunLoop:
         self._pending = 0  # requests accepted and not answered yet (queued or being placed)
         self._prepared: GrowOrder | None = None  # a request placed while an epoch ran, waiting for the pause
         self._lock = threading.Lock()
+        self.topology = Topology(cfg, engine, self.callbacks, self.say, lambda: self.stop_reason is not None)
         self._epoch_open = False  # between an epoch's start and its line: a progress bar may be drawn
 
     # ---- the state machine ----------------------------------------------------------------------------
@@ -177,6 +179,7 @@ class RunLoop:
         else:
             self.specs = plan_blocks(cfg.net, cfg.method, self.info)
         self.say(f"net    {self.engine.build(self.specs, layout)}")
+        self.topology.note()
         if manifest and s.resume:
             self.engine.restore(s.resume, manifest["shards"])
             self._restore_record(manifest)
@@ -247,9 +250,12 @@ class RunLoop:
         assert self.store is not None
         manifest = self.store.read_manifest(r.path)
         self.specs = [BlockSpec.from_dict(t) for t in manifest["topology"]]
-        self.engine.recover(self.specs, manifest.get("layout"))
+        layout = r.layout or self.topology.after_loss(manifest.get("layout"), len(self.specs), manifest["epoch"],
+                                                      manifest["batch"])  # fmt: skip
+        self.engine.recover(self.specs, layout or manifest.get("layout"))
         self.engine.restore(r.path, manifest["shards"])
         self._restore_record(manifest)
+        self.topology.note()
         return self._after_restore(manifest)
 
     # ---- decisions between states ---------------------------------------------------------------------
@@ -259,6 +265,11 @@ class RunLoop:
         order, self._prepared = self._prepared, None  # placed during an epoch that could not pause
         if due or order is not None or (not self.orders.empty() and epoch < self.plan.total_epochs):
             return Growing(epoch, None, steps=tuple(due), source=self.plan.policy, order=order)
+        spread = self.topology.expand_due() if self.store and epoch < self.plan.total_epochs else None
+        if spread is not None:  # a shrunk run whose lost homes are back: its blocks go home, state carried over
+            self._checkpoint(epoch, 0)
+            self.topology.record("expand", epoch, 0, "capacity is back: every block in its own actor again", spread)
+            return Restoring(self.store.latest().path, "expand", layout=spread)  # type: ignore[union-attr]
         if self.timing.at_epoch_end(epoch, self.plan.total_epochs):
             self._checkpoint(epoch, 0)
         return self._next_epoch(epoch, 0)
@@ -474,6 +485,7 @@ class RunLoop:
         summary["frozen_unchanged"] = self.watch.unchanged(self.engine.checksums())
         summary["prefix_caches"] = self.caches
         summary["restarts"] = self.restarts
+        summary["topology_changes"] = self.topology.changes
         summary["checkpoints"] = self.store.root if self.store else None
         self.final_states = self.engine.final_states() if self.engine.net is None else None
         self.result = summary
@@ -521,6 +533,7 @@ class RunLoop:
             "state": state.name,
             "epoch": state.epoch if isinstance(state, Training) else len(self.history),
             "blocks": [s.index for s in self.specs],
+            "nodes": list(self.topology.nodes),
             "error": self.error,
         }
 

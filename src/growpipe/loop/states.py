@@ -64,11 +64,13 @@ class Caching(State):
 
 @dataclass(frozen=True)
 class Restoring(State):
-    """Replace what was lost and go on from checkpoint `path`."""
+    """Replace what was lost and go on from checkpoint `path`; `layout` (growpipe.loop.topology.Layout):
+    where the blocks go (None: the topology policy decides from the cluster as it is)."""
 
     name: ClassVar[str] = "restoring"
     path: str
     reason: str
+    layout: Any = None
 
 
 @dataclass(frozen=True)

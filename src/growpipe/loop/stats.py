@@ -17,6 +17,10 @@ class StageStats:
 
     stage: int
     block: str = "?"
+    node: str = ""
+    """The Ray node the stage's actor ran on (its id)."""
+    device: str = ""
+    """The torch device it trained on (cpu, cuda:0)."""
     samples: int = 0
     batches: int = 0
     busy_s: float = 0.0
@@ -53,6 +57,8 @@ class StageStats:
         return replace(
             self,
             block=other.block if other.block != "?" else self.block,
+            node=other.node or self.node,
+            device=other.device or self.device,
             samples=self.samples + other.samples,
             batches=self.batches + other.batches,
             busy_s=self.busy_s + other.busy_s,
@@ -72,6 +78,8 @@ class StageStats:
         return {
             "stage": self.stage,
             "block": self.block,
+            "node": self.node,
+            "device": self.device,
             "samples": self.samples,
             "samples_per_second": self.samples / self.busy_s if self.busy_s else 0.0,
             "busy_s": round(self.busy_s, 3),

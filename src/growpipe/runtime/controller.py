@@ -99,7 +99,13 @@ class Controller:
 
 def launch_controller(cfg: RunConfig, run_name: str, reserved: tuple[Any, int] | None = None,
                       resume: str | None = None) -> Any:  # fmt: skip
-    """Start a run's controller actor: named (found by run name in the growpipe namespace), threaded, no CPU."""
+    """Start a run's controller actor: named (found by run name in the growpipe namespace), threaded, no CPU,
+    on the head node (else the driver's), so that losing a worker node never takes the run's loop with it."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    heads = [n["NodeID"] for n in ray.nodes() if n["Alive"] and "node:__internal_head__" in n["Resources"]]
+    node = heads[0] if heads else ray.get_runtime_context().get_node_id()
+    here = NodeAffinitySchedulingStrategy(node_id=node, soft=not heads)  # it needs no CPU: the head always fits
     return (
         ray.remote(Controller)
         .options(
@@ -108,6 +114,7 @@ def launch_controller(cfg: RunConfig, run_name: str, reserved: tuple[Any, int] |
             num_cpus=0,
             max_concurrency=16,  # run() + progress polls + grow() calls waiting for their turn
             runtime_env={"env_vars": envvars.forwarded()},
+            scheduling_strategy=here,
         )
         .remote(cfg, run_name, reserved, resume)
     )

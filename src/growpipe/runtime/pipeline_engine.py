@@ -14,10 +14,12 @@ import time
 from typing import Any
 
 import ray
+from ray.util.placement_group import placement_group_table
 
 from growpipe.errors import PipelineError
 from growpipe.loop.engine import EpochPart, Poll, Prepared
 from growpipe.loop.policies import pack_host
+from growpipe.loop.topology import Layout, TopologyView
 from growpipe.nn.specs import BlockSpec
 from growpipe.runtime.stage import Stage
 from growpipe.runtime.stage_engine import Slot, StageEngine
@@ -175,22 +177,57 @@ class PipelineEngine(StageEngine):
         super().restore(ckpt_dir, shards)
         self.source = 0
 
-    def recover(self, specs: list[BlockSpec], layout: dict[str, Any] | None) -> str:
-        """Replace every stage actor in its bundle (blocks grown after the checkpoint are dropped) and
-        build `specs` again."""
-        old = self.slots
+    def recover(self, specs: list[BlockSpec], layout: Layout | dict[str, Any] | None) -> str:
+        """Replace every stage actor (blocks grown after the checkpoint are dropped) as `layout` says: each
+        block in its own actor in its home bundle (spread), or packed after another block (shrunk: its
+        home is gone); then build `specs` again."""
+        old = self.slots[: len(specs)]
         self._kill_all()
-        for slot in old[len(specs) :]:  # grown after the checkpoint: that growth is undone
+        for slot in self.slots[len(specs) :]:  # grown after the checkpoint: that growth is undone
             self._discard(slot)
+        if not isinstance(layout, Layout):
+            layout = Layout.spread([o.host if o.home is None else None for o in old])
         self.slots = []
-        for i, o in enumerate(old[: len(specs)]):
-            self.slots.append(
-                self._packed(o.host) if o.host is not None else self._launch(i, o.pg, o.bundle, o.owns_pg)
-            )
+        for i, o in enumerate(old):
+            home = layout.homes[i]
+            if home is None:
+                slot = self._packed(layout.hosts[i])  # type: ignore[arg-type]
+            else:
+                pg, bundle, owns = old[home].home  # type: ignore[misc]
+                slot = self._launch(i, pg, bundle, owns)
+            slot.home = o.home  # where it goes back to when the run spreads out again
+            self.slots.append(slot)
         self.source = 0
         self._get(self.slots[0].handle.load_data.remote(), "stage 0 loading the data again")
         self._setup(specs)
-        return f"{len(specs)} stage actors"
+        return f"{layout.actors} stage actors for {len(specs)} blocks"
+
+    def topology(self) -> TopologyView:
+        """The layout now, the spread one, and whether each block's home bundle is on a live node."""
+        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        tables: dict[Any, dict[str, Any]] = {}
+
+        def node_of(pg: Any, bundle: int) -> str:
+            if pg.id not in tables:
+                tables[pg.id] = placement_group_table(pg)
+            node = tables[pg.id]["bundles_to_node_id"].get(bundle, "")
+            return node if node in alive else ""
+
+        placed = [bool(s.home and node_of(s.home[0], s.home[1])) for s in self.slots]
+        hosts = [s.host for s in self.slots]
+        runs_in = [self._home_index(s) for s in self.slots]
+        nodes = [node_of(s.pg, s.bundle) if s.host is None else "" for s in self.slots]
+        nodes = [n or nodes[h] if h is not None else n for n, h in zip(nodes, hosts, strict=True)]
+        spread = Layout.spread([h if s.home is None else None for s, h in zip(self.slots, hosts, strict=True)])
+        return TopologyView(Layout(tuple(hosts), tuple(runs_in)), spread, placed, nodes)
+
+    def _home_index(self, slot: Slot) -> int | None:
+        """The block whose home bundle this slot's own actor runs in (None: packed)."""
+        if slot.host is not None:
+            return None
+        homes = [(i, s.home) for i, s in enumerate(self.slots) if s.home]
+        same = [i for i, (pg, b, _) in homes if pg.id == slot.pg.id and b == slot.bundle]
+        return same[0] if same else None
 
     def extras(self) -> dict[str, Any]:
         return {**super().extras(), "timeline": {"traceEvents": self.timeline, "displayTimeUnit": "ms"}}

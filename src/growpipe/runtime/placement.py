@@ -44,7 +44,11 @@ def make_stage_pg(cfg: RunConfig, n: int, strategy: str) -> Any:
     that says what is short and what to lower."""
     bundle = stage_bundle(cfg, ray.cluster_resources().get("GPU", 0) > 0)
     pg = placement_group([bundle] * n, strategy=strategy)
-    ready, _ = ray.wait([pg.ready()], timeout=cfg.runtime.placement_timeout_s)
+    ready, _ = ray.wait([pg.ready()], timeout=0.5)
+    if not ready:  # ask an autoscaler (KubeRay, the cluster launcher) for the nodes, then wait for them
+        _ask_autoscaler([bundle] * n)
+        ready, _ = ray.wait([pg.ready()], timeout=cfg.runtime.placement_timeout_s)
+        _ask_autoscaler([])
     if not ready:
         remove_placement_group(pg)
         have = ray.available_resources()
@@ -56,6 +60,17 @@ def make_stage_pg(cfg: RunConfig, n: int, strategy: str) -> Any:
             f"(available: CPU {have.get('CPU', 0):g}, GPU {have.get('GPU', 0):g}); {fix} or add resources"
         )
     return pg
+
+
+def _ask_autoscaler(bundles: list[dict[str, float]]) -> None:
+    """request_resources: an autoscaler starts nodes for `bundles` (empty: withdraw the request); a cluster
+    without one ignores it."""
+    try:
+        from ray.autoscaler.sdk import request_resources
+
+        request_resources(bundles=bundles)
+    except Exception:  # no autoscaler state (a plain local Ray): nothing to ask
+        pass
 
 
 def in_bundle(actor_cls: Any, cfg: RunConfig, pg: Any, bundle_index: int, **options: Any) -> Any:

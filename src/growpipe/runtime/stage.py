@@ -153,6 +153,7 @@ class Stage(StageBase):
         self.stats.blocked_s += time.perf_counter() - t0
         out = self.stats
         out.block = type(self.block).__name__ if self.block else "?"
+        out.node, out.device = ray.get_runtime_context().get_node_id(), str(self.device)
         self.stats = StageStats(self.index)
         self.last_end = None
         self.recording = False

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 import ray
-from ray.util.placement_group import remove_placement_group
+from ray.util.placement_group import placement_group_table, remove_placement_group
 
 from growpipe.config import RunConfig
 from growpipe.errors import PipelineError, StageLostError
@@ -21,14 +21,16 @@ from growpipe.runtime.placement import in_bundle, make_stage_pg, stage_bundle
 
 
 class Slot:
-    """A block's place: the actor that runs it, the placement-group bundle it holds, its spec."""
+    """A block's place: the actor that runs it, the placement-group bundle that actor holds, its spec, and
+    its home: the bundle its own actor uses when the cluster has room (kept while it runs packed)."""
 
     def __init__(self, handle: Any, pg: Any, owns_pg: bool, bundle: int = 0, host: int | None = None):
         self.handle = handle
         self.pg = pg
         self.owns_pg = owns_pg
         self.bundle = bundle
-        self.host = host  # packed into the actor of stage `host` (grow.on_no_capacity: pack); None: its own
+        self.host = host  # packed into the actor of block `host` (no capacity, or a lost node); None: its own
+        self.home: tuple[Any, int, bool] | None = (pg, bundle, owns_pg) if host is None else None
         self.spec: BlockSpec | None = None
         self.block_name = "?"
 
@@ -108,13 +110,13 @@ class StageEngine:
         self._discard(block.handle)
 
     def _discard(self, slot: Slot) -> None:
-        if slot.host is not None:  # the host actor serves other blocks
-            return
-        with contextlib.suppress(Exception):  # already dead
-            ray.kill(slot.handle, no_restart=True)
-        if slot.owns_pg:
-            with contextlib.suppress(Exception):
-                remove_placement_group(slot.pg)
+        if slot.host is None:  # a packed block's host actor serves other blocks
+            with contextlib.suppress(Exception):  # already dead
+                ray.kill(slot.handle, no_restart=True)
+        for pg, _, owned in [(slot.pg, slot.bundle, slot.owns_pg), slot.home or (None, 0, False)]:
+            if owned:
+                with contextlib.suppress(Exception):
+                    remove_placement_group(pg)
 
     # ---- the engine's common answers ------------------------------------------------------------------
     def evaluate(self) -> dict[str, Any]:
@@ -131,7 +133,9 @@ class StageEngine:
                              "writing a checkpoint")  # fmt: skip
 
     def layout(self) -> dict[str, Any]:
-        return {"hosts": [s.host for s in self.slots]}
+        """Blocks packed for good (grown without room for a stage); a block packed because its node was lost
+        is saved as spread: a resume places it at home again."""
+        return {"hosts": [s.host if s.home is None else None for s in self.slots]}
 
     def restore(self, ckpt_dir: str, shards: list[dict[str, Any]]) -> None:
         self._get_all([s.handle.restore.remote(ckpt_dir, shards, s.index) for s in self.slots],
@@ -154,7 +158,9 @@ class StageEngine:
         for slot in self.slots:
             with contextlib.suppress(Exception):  # already dead
                 ray.kill(slot.handle, no_restart=True)
-        for pg in [s.pg for s in self.slots if s.owns_pg] + ([self._shared_pg] if self._shared_pg else []):
+        owned = {id(s.home[0]): s.home[0] for s in self.slots if s.home and s.home[2]}
+        owned.update({id(s.pg): s.pg for s in self.slots if s.owns_pg})
+        for pg in [*owned.values()] + ([self._shared_pg] if self._shared_pg else []):
             with contextlib.suppress(Exception):  # already gone with a dead node: nothing left to release
                 remove_placement_group(pg)
         self._shared_pg = None
@@ -169,9 +175,25 @@ class StageEngine:
         try:
             return ray.get(refs, timeout=timeout)
         except ray.exceptions.GetTimeoutError:
-            raise PipelineError(f"{what} took more than runtime.stage_timeout_s={timeout:g}s") from None
+            why = self._stuck_why()
+            raise PipelineError(f"{what} took more than runtime.stage_timeout_s={timeout:g}s{why}") from None
         except ray.exceptions.RayError as e:
             raise ray_error(e) from None
+
+    def _stuck_why(self) -> str:
+        """Why stage calls may hang: a block whose bundle is on no live node (its node was lost, and no
+        capacity takes its place); '' when every bundle is placed."""
+        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        unplaced = []
+        for i, slot in enumerate(self.slots):
+            with contextlib.suppress(Exception):  # a removed group: nothing to say
+                node = placement_group_table(slot.pg)["bundles_to_node_id"].get(slot.bundle)
+                if node not in alive:
+                    unplaced.append(i)
+        if not unplaced:
+            return ""
+        return (f": the bundle(s) of block(s) {unplaced} are on no live node (a node was lost and no capacity "
+                "replaced it); add a node with a stage's resources or see runtime.on_lost_node")  # fmt: skip
 
     def _wait_long(self, ref: Any, poll: Any = None) -> Any:
         """Wait for work of no fixed length (an epoch): a dead stage fails `ref` at once, a stuck packet

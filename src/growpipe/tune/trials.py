@@ -57,6 +57,8 @@ def train_trial(
 
     def checkpoint_after(epoch: int) -> Any:
         """The run checkpoint written at the end of `epoch` (the loop writes it right after the epoch row)."""
+        if given is not None and epoch <= done_before:  # nothing trained since the checkpoint Tune handed us
+            return given
         deadline = time.monotonic() + 60
         while save_checkpoint and time.monotonic() < deadline:
             ref = store.latest()
@@ -65,20 +67,24 @@ def train_trial(
             time.sleep(0.05)
         return None
 
+    done_before = 0  # epochs Tune already has (a restarted trial's checkpoint)
+    given = tune.get_checkpoint()
+
     def report(row: dict[str, Any]) -> None:
+        if row["epoch"] <= done_before:  # the restored history: reported by the trial's earlier start
+            return
         if row["epoch"] >= last_epoch:  # reported below, with the final metrics
             held.append(row)
         else:
             tune.report(to_tune(row), checkpoint=checkpoint_after(row["epoch"]))
 
-    given = tune.get_checkpoint()
     with given.as_directory() if given else contextlib.nullcontext() as resume:
         if resume:
-            _note_copy(cfg, name, resume)
+            done_before = _note_copy(cfg, name, resume)
         pg = get_current_placement_group()
         with Pipeline(cfg, run_name=name, reserved=(pg, 1) if pg else None, resume=resume) as p:
             summary = p.train(progress=None, on_epoch=report)
-            final = to_tune(held[-1]) if held else {}
+            final = to_tune(held[-1] if held else summary["history"][-1])
             final.update(final_test_accuracy=summary["test_accuracy"], epochs_run=summary["epochs"])
             tune.report(final, checkpoint=checkpoint_after(summary["epochs"]))
 
@@ -96,19 +102,21 @@ def _existing_child(tracking: dict[str, Any], name: str) -> str | None:
     return None
 
 
-def _note_copy(cfg: Any, name: str, resume: str) -> None:
-    """PBT handed this trial another trial's net: say so in the trial's MLflow run."""
+def _note_copy(cfg: Any, name: str, resume: str) -> int:
+    """The epochs the checkpoint a restarted trial starts from holds; when PBT handed it another trial's
+    net, say so in the trial's MLflow run."""
     import json
 
     manifest = json.loads((Path(resume) / "manifest.json").read_text())
     if manifest.get("run") == name or not cfg.tracking.mlflow or not cfg.tracking.run_id:
-        return
+        return int(manifest["epoch"])
     with contextlib.suppress(Exception):
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient(tracking_uri=cfg.tracking.uri)
         client.set_tag(cfg.tracking.run_id, "growpipe.pbt.copied_from", manifest["run"])
         client.set_tag(cfg.tracking.run_id, "growpipe.pbt.at_epoch", str(manifest["epoch"]))
+    return int(manifest["epoch"])
 
 
 def threshold_trial(

@@ -1,0 +1,149 @@
+"""Elastic on a real multi-node Ray cluster (three raylets on this machine): stages one per node, a node
+lost and replaced, a node lost with no replacement (the run shrinks, then spreads out again when a node
+joins), and nothing left to run on (a clear failure, the checkpoint kept for --resume)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import ray
+
+from growpipe.checkpoint import CheckpointStore
+from growpipe.errors import InputError, PipelineError
+from growpipe.local import train_local
+from growpipe.report import format_stage_table, format_topology_changes
+from growpipe.runtime.pipeline import Pipeline
+from tests.conftest import tiny_config
+
+pytestmark = pytest.mark.usefixtures("multinode")
+
+
+def _cfg(tmp_path: Path, name: str, epochs: int = 4, checkpoints: bool = True, **runtime):
+    return tiny_config(
+        name=name, method="dascpl", threads=1, net={"width": 32}, train={"epochs": epochs},
+        checkpoint={"enabled": checkpoints, "uri": str(tmp_path / "ck"), "every_epochs": 1},
+        runtime={"placement": "STRICT_SPREAD", "timeline_epoch": 0, "placement_timeout_s": 30, **runtime},
+    )  # fmt: skip
+
+
+def _node_of(p: Pipeline, block: int, cluster) -> object:
+    """The worker raylet the actor of `block` runs on (the controller's status says)."""
+    node_id = ray.get(p.controller.status.remote())["nodes"][block]
+    return next(n for n in cluster.worker_nodes if n.node_id == node_id)
+
+
+class _Run:
+    """p.train() in a thread; its result, error and progress lines."""
+
+    def __init__(self, p: Pipeline):
+        self.lines: list[str] = []
+        self.result: dict | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._go, args=(p,))
+        self.thread.start()
+
+    def _go(self, p: Pipeline) -> None:
+        try:
+            self.result = p.train(progress=self.lines.append)
+        except BaseException as e:  # handed to the test
+            self.error = e
+
+    def wait_epoch(self, p: Pipeline, epoch: int, timeout: float = 120) -> None:
+        deadline = time.time() + timeout
+        while ray.get(p.controller.status.remote())["epoch"] < epoch:
+            assert time.time() < deadline and self.error is None, (self.error, self.lines[-5:])
+            time.sleep(0.1)
+
+    def join(self, timeout: float = 240) -> None:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), self.lines[-10:]
+
+
+def test_stages_spread_one_per_node_and_a_lost_node_replaced_ends_as_if_undisturbed(tmp_path, multinode, monkeypatch):
+    monkeypatch.setenv("GROWPIPE_STEP_DELAY_MS", "25")
+    calm = train_local(_cfg(tmp_path, "calm", checkpoints=False), progress=None).summary()
+    with Pipeline(_cfg(tmp_path, "replaced")) as p:
+        run = _Run(p)
+        run.wait_epoch(p, 2)
+        time.sleep(0.3)  # inside epoch 2
+        multinode.remove_node(_node_of(p, 1, multinode))
+        time.sleep(2)
+        multinode.add_node(num_cpus=1)  # capacity comes back within placement_timeout_s: replaced
+        run.join()
+    assert run.error is None, (run.error, run.lines[-12:])
+    result = run.result
+    assert result["restarts"] == 1 and [c["change"] for c in result["topology_changes"]] == ["replace"]
+    nodes = [s["node"] for s in result["stages"]]
+    assert len(set(nodes)) == 2 and all(nodes) and {s["device"] for s in result["stages"]} == {"cpu"}
+    table = format_stage_table(result["stages"]).splitlines()
+    assert all(row.split()[-2:] == [node[:8], "cpu"] for row, node in zip(table[1:], nodes, strict=True))
+    assert result["test_accuracy"] == calm["test_accuracy"] and result["exit_accuracy"] == calm["exit_accuracy"]
+
+
+def test_a_lost_node_without_a_replacement_shrinks_then_spreads_out_when_a_node_joins(tmp_path, multinode,
+                                                                                      monkeypatch):  # fmt: skip
+    """The lost block runs packed into the surviving stage actor (the same maths: the reference trainer's
+    weights), and once a node joins the blocks go back into their own actors at the next epoch boundary."""
+    monkeypatch.setenv("GROWPIPE_STEP_DELAY_MS", "25")
+    reference = train_local(_cfg(tmp_path, "ref", 5, checkpoints=False), progress=None)
+    timeout = 3.0
+    with Pipeline(_cfg(tmp_path, "shrunk", 5, placement_timeout_s=timeout)) as p:
+        run = _Run(p)
+        run.wait_epoch(p, 2)
+        time.sleep(0.3)
+        lost_at = time.time()
+        multinode.remove_node(_node_of(p, 1, multinode))
+        deadline = time.time() + 60
+        while not any(line.startswith("topo   shrink") for line in run.lines):
+            assert time.time() < deadline and run.error is None, run.lines[-5:]
+            time.sleep(0.1)
+        shrunk_at = time.time()
+        multinode.add_node(num_cpus=1)
+        run.join()
+        net = p.final_net()
+    assert run.error is None, (run.error, run.lines[-12:])
+    result = run.result
+    changes = result["topology_changes"]
+    assert [c["change"] for c in changes] == ["shrink", "expand"], changes
+    assert "node " in changes[0]["why"] and "shrink" in format_topology_changes(changes)
+    assert changes[0]["actors"] == 1 and changes[1]["actors"] == 2 and changes[1]["epoch"] > changes[0]["epoch"]
+    assert shrunk_at - lost_at < timeout + 15  # training goes on within placement_timeout_s + 15 s
+    assert result["epochs"] == 5 and [s["stage"] for s in result["stages"]][:2] == [0, 1]
+    from tests.test_runtime import _assert_same_weights
+
+    _assert_same_weights(reference.net, net, atol=1e-6)
+
+
+def test_nothing_left_to_run_on_fails_clearly_and_the_checkpoint_resumes_later(tmp_path, multinode):
+    cfg = _cfg(tmp_path, "stranded", 3, placement_timeout_s=2.0, placement="SPREAD")
+    with Pipeline(cfg) as p:
+        run = _Run(p)
+        run.wait_epoch(p, 2)
+        nodes = ray.get(p.controller.status.remote())["nodes"]
+        assert len(set(nodes)) == 2 and {n.node_id for n in multinode.worker_nodes} == set(nodes)  # SPREAD too
+        for node in list(multinode.worker_nodes):
+            multinode.remove_node(node)
+        run.join()
+    assert isinstance(run.error, PipelineError) and not isinstance(run.error, InputError)  # exit 1, not 2
+    assert "no worker is left to run on" in str(run.error) and "--resume" in str(run.error)
+    latest = CheckpointStore(str(tmp_path / "ck"), "stranded").latest()
+    assert latest is not None and latest.epoch >= 1
+    for _ in range(2):
+        multinode.add_node(num_cpus=1)
+    multinode.wait_for_nodes()
+    with Pipeline(cfg, resume=latest.path) as p:
+        result = p.train(progress=None)
+    assert result["epochs"] == 3 and [h["epoch"] for h in result["history"]] == [1, 2, 3]
+
+
+def test_elastic_benchmark_measures_a_shrink_and_an_expand_on_the_shared_cluster(tmp_path, multinode):
+    from tests.test_bench import _bench_module
+
+    row = _bench_module("elastic").measure(multinode, quick=True, epochs=8, timeout_s=2.0, ckpt=str(tmp_path))
+    assert [c["change"] for c in row["topology_changes"]] == ["shrink", "expand"]
+    assert 2.0 <= row["loss_to_training_s"] < 2.0 + 15 and row["join_to_spread_s"] >= 0
+    assert row["spread_samples_per_second"] > 0 and row["shrunk_samples_per_second"] > 0
+    assert row["test_accuracy_disturbed"] == row["test_accuracy_undisturbed"]
