@@ -123,3 +123,13 @@ def test_compare_benchmark_refuses_bad_input_before_training(argv: list[str], me
     with pytest.raises(SystemExit) as e:
         _bench_module("compare").main(argv)
     assert str(e.value).startswith(message)
+
+
+def test_data_benchmark_tiny_measures_every_format_with_and_without_augmentation(tmp_path: Path):
+    out = tmp_path / "data.json"
+    _run_bench("data", ["--images", "150", "--rss-images", "0", "--json-out", str(out)])
+    r = json.loads(out.read_text())
+    assert len(r["rows"]) == 8 and {row["augment"] for row in r["rows"]} == {False, True}
+    streamed = {row["format"] for row in r["rows"] if row["streamed"]}
+    assert streamed == {"image folder (PNG)", "HF Arrow (Image column)"}
+    assert all(row["reader_samples_per_second"] > 0 and 0 < row["busy"] <= 1 for row in r["rows"])

@@ -142,7 +142,7 @@ def test_nothing_left_to_run_on_fails_clearly_and_the_checkpoint_resumes_later(t
 def test_elastic_benchmark_measures_a_shrink_and_an_expand_on_the_shared_cluster(tmp_path, multinode):
     from tests.test_bench import _bench_module
 
-    row = _bench_module("elastic").measure(multinode, quick=True, epochs=8, timeout_s=2.0, ckpt=str(tmp_path))
+    row = _bench_module("elastic").measure(multinode, quick=True, epochs=7, timeout_s=2.0, ckpt=str(tmp_path))
     assert [c["change"] for c in row["topology_changes"]] == ["shrink", "expand"]
     assert 2.0 <= row["loss_to_training_s"] < 2.0 + 15 and row["join_to_spread_s"] >= 0
     assert row["spread_samples_per_second"] > 0 and row["shrunk_samples_per_second"] > 0

@@ -145,7 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "pipeline: Ray pipeline vs sequential, BP, torch GPipe; "
                     "reference: accuracy and seconds/epoch per learning rule; growth: accuracy across growth, "
                     "the frozen-prefix cache, adaptive exits; elastic: a node lost and joined on a 3-raylet "
-                    "cluster (seconds to shrink and to spread out, samples/s)")  # fmt: skip
+                    "cluster (seconds to shrink and to spread out, samples/s); data: stage 0's reader per format "
+                    "against its block, peak RSS against dataset size")  # fmt: skip
     be.add_argument("args", nargs=argparse.REMAINDER, help="e.g. --quick --json-out FILE")
 
     ml = sub.add_parser("mlflow", help="MLflow helpers: send a run's entries that could not be sent")
@@ -340,6 +341,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 BENCHES = {
     "compare": "compare.py",
+    "data": "data.py",
     "elastic": "elastic.py",
     "growth": "growth.py",
     "pipeline": "pipeline.py",

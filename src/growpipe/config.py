@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from growpipe.errors import ConfigError
 
 DATASET_NAMES = ("digits", "fashion-mnist", "20newsgroups", "cifar10", "cifar100")
-DATASET_PREFIXES = ("hf:", "parquet:", "csv:", "json:")
+DATASET_PREFIXES = ("hf:", "parquet:", "csv:", "json:", "imagefolder:")
 
 
 class _Strict(BaseModel):
@@ -51,11 +51,29 @@ class FeatureGroupsSpec(_Strict):
         return self.names()[self.base :]
 
 
+class NormalizeSpec(_Strict):
+    """Given normalisation statistics: one mean and std per channel (images) or per feature (tables)."""
+
+    mean: list[float]
+    """Mean of each channel (feature) in the units the data is read in (images: [0, 1])."""
+    std: list[float]
+    """Standard deviation of each channel (feature); all > 0."""
+
+    @model_validator(mode="after")
+    def _same_length(self) -> NormalizeSpec:
+        if len(self.mean) != len(self.std) or not self.mean:
+            raise ValueError(f"mean has {len(self.mean)} entries and std {len(self.std)}; give one of each per channel")
+        if any(v <= 0 for v in self.std):
+            raise ValueError("std must be > 0 for every channel")
+        return self
+
+
 class DataSpec(_Strict):
     """Which dataset, where it lives, and how it is batched and tokenised."""
 
     name: str = "digits"
-    """digits | fashion-mnist | 20newsgroups | cifar10 | cifar100 | hf:NAME | parquet:PATH | csv:PATH | json:PATH"""
+    """digits | fashion-mnist | 20newsgroups | cifar10 | cifar100 | hf:NAME | parquet:PATH | csv:PATH | json:PATH |
+    imagefolder:PATH (PATH: a directory, or a file:// / s3:// / gs:// URI for the last four)."""
     root: str | None = None
     """Directory holding the files; default: the dataset's usual places (../shared/data/..., /usr/share/datasets)."""
     download: bool = False
@@ -65,6 +83,30 @@ class DataSpec(_Strict):
     files you made yourself)."""
     text_column: str = "text"
     """Column holding the text of each sample (a table without it becomes numeric features)."""
+    image_column: str = "image"
+    """Column holding each sample's image (a Hugging Face Image feature, or encoded image bytes)."""
+    image_size: list[int] | None = None
+    """Resize every image to [height, width] (needed when the images differ in size). Default: their own."""
+    channels: Literal[1, 3] | None = None
+    """Convert every image to 1 (grey) or 3 (RGB) channels (needed when modes differ). Default: their own."""
+    image_shape: list[int] | None = None
+    """[channels, height, width]: a column of number lists (or the numeric columns) reshaped into images."""
+    normalize: Literal["train", "none"] | NormalizeSpec = "train"
+    """Image and table inputs standardised per channel (feature) with statistics of the training split
+    (train), left as read (none), or {mean: [...], std: [...]}; stored in checkpoints, so evaluate and the
+    served model apply the same."""
+    augment: list[Literal["random_crop", "hflip"]] = []
+    """Training-split augmentation of images (torchvision.transforms.v2), seeded per batch: random_crop
+    (with crop_padding) and hflip. Not with grow.cache.enabled (frozen blocks would see other inputs)."""
+    crop_padding: int = Field(4, ge=0)
+    """Pixels of zero padding on each side before random_crop crops back to the image size."""
+    skip_bad_files: bool = False
+    """An image file that cannot be decoded is skipped and counted (true) instead of stopping the run."""
+    stream: bool | None = None
+    """Read images from disk a batch at a time (bounded memory) instead of one tensor in memory; default:
+    yes for imagefolder: and Hugging Face image datasets, no for everything else."""
+    read_workers: int = Field(2, ge=0, le=64)
+    """Threads decoding the next batches of streamed images while the first block trains (0: inline)."""
     label_column: str = "label"
     """Column holding each sample's class (integers 0..k-1, or strings mapped in sorted order)."""
     num_classes: int | None = Field(None, ge=2)
@@ -83,6 +125,14 @@ class DataSpec(_Strict):
     """Share of the training samples held out (seeded) as a validation split; grow.on_plateau watches it."""
     feature_groups: FeatureGroupsSpec = FeatureGroupsSpec()
     """How the inputs are cut into groups for feature accumulation (kind: feature growth)."""
+
+    @field_validator("image_size", "image_shape")
+    @classmethod
+    def _image_dims(cls, v: list[int] | None, info: Any) -> list[int] | None:
+        dims = ["height", "width"] if info.field_name == "image_size" else ["channels", "height", "width"]
+        if v is not None and (len(v) != len(dims) or min(v) < 1):
+            raise ValueError(f"got {v}; give [{', '.join(dims)}], each >= 1")
+        return v
 
     @field_validator("name")
     @classmethod
@@ -477,6 +527,13 @@ class RunConfig(_Strict):
             raise ValueError(f"grow.max_blocks ({self.grow.max_blocks}) is below the {least} blocks of the schedule")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device: {self.device!r} is not auto, cpu, cuda or cuda:N")
+        if self.data.augment and self.data.feature_groups.scheme != "none":
+            raise ValueError("data.augment: crops and flips would move pixels across data.feature_groups; choose one")
+        if self.data.augment and self.grow.freeze and self.grow.cache.enabled and self.max_blocks() > self.net.blocks:
+            raise ValueError(
+                "data.augment: the frozen-prefix cache computes each sample's input to a new block once, so frozen "
+                "blocks would not see augmented images; set grow.cache.enabled: false"
+            )
         return self
 
     def check_feature_group(self, step: GrowStep, where: str) -> None:

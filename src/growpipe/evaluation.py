@@ -35,7 +35,10 @@ def load_for_evaluation(
             "the rest is fixed by the checkpoint"
         )
     net, manifest, _ = load_net(checkpoint)
-    cfg = build_config(apply_overrides(manifest["config"], overrides), "checkpoint config + --set")
+    raw = apply_overrides(manifest["config"], overrides)
+    if manifest["input"].get("normalize"):  # the training split's statistics, whatever data is evaluated
+        raw.setdefault("data", {})["normalize"] = manifest["input"]["normalize"]
+    cfg = build_config(raw, "checkpoint config + --set")
     bundle = load_data(cfg.data)
     check_input_matches(manifest["input"], InputInfo.from_bundle(bundle).to_dict())
     return net, bundle, cfg

@@ -55,7 +55,7 @@ class LocalEngine:
     def open(self, layout: dict[str, Any] | None = None) -> tuple[InputInfo, dict[str, Any]]:
         set_cpu_threads(self.cfg.threads)
         self.device = resolve_device(self.cfg.device)
-        self.bundle = self.bundle or load_data(self.cfg.data)
+        self.bundle = self.bundle or load_data(self.cfg.data, self.cfg.seed)
         self.info = InputInfo.from_bundle(self.bundle)
         return self.info, self.bundle.describe()
 
@@ -76,7 +76,7 @@ class LocalEngine:
         self._position = (start_batch, -(-len(bundle.train) // bs))
         paused_at = None
         for p in iterate_batches(bundle.train, bs, shuffle=True, seed=self.cfg.seed, epoch=epoch,
-                                 side_groups=net.side_groups(), start_batch=start_batch):  # fmt: skip
+                                 side_groups=net.side_groups(), start_batch=start_batch, augment=True):  # fmt: skip
             if (stop_at is not None and p.index >= stop_at) or poll():
                 paused_at = p.index
                 break

@@ -4,9 +4,11 @@
     out = model.predict(x, params={"threshold": 0.9, "confidence": "max_prob"})
     out["prediction"], out["exit_depth"], out["confidence"]
 
-`x` holds inputs as growpipe's loaders give them (a float array of the data's shape, or token ids for
-text), a batch at a time. `threshold` 1.0 (the default) takes the full path; lower lets a sample leave at
-the first exit that confident. `mlflow models serve -m models:/NAME/1` serves the same function over HTTP.
+`x` holds inputs of the data's shape as read, before standardisation (images as floats in [0, 1], tables as
+their numbers, token ids for text), a batch at a time; the model standardises them with the training
+split's statistics stored in its checkpoint (data.normalize). `threshold` 1.0 (the default) takes the full
+path; lower lets a sample leave at the first exit that confident. `mlflow models serve -m models:/NAME/1`
+serves the same function over HTTP.
 The model carries the growpipe package (code_paths) and its checkpoint (a one-shard growpipe checkpoint).
 """
 
@@ -33,6 +35,7 @@ class GrowpipeModel(mlflow.pyfunc.PythonModel):
         import pandas as pd
         import torch
 
+        from growpipe.data.sources import standardise
         from growpipe.nn.inference import adaptive_exit, collect_exits, confidence
         from growpipe.nn.packet import Packet
 
@@ -42,6 +45,8 @@ class GrowpipeModel(mlflow.pyfunc.PythonModel):
         info = self.net.info
         x = np.asarray(model_input.to_numpy() if hasattr(model_input, "to_numpy") else model_input)
         x = torch.as_tensor(x.reshape(-1, *info.shape), dtype=torch.long if info.dtype == "long" else torch.float32)
+        if info.normalize:
+            x = standardise(x, info.normalize, 1)
         zeros = torch.zeros(len(x), dtype=torch.long)
         batches = (Packet(x=x[i : i + BATCH], y=zeros[i : i + BATCH]) for i in range(0, len(x), BATCH))
         preds = collect_exits(self.net, batches)

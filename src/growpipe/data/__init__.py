@@ -6,6 +6,7 @@ from collections.abc import Callable
 from functools import partial
 
 from growpipe.config import DataSpec
+from growpipe.data.augment import Augment
 from growpipe.data.bundle import DataBundle, Split, apply_feature_groups, hold_out, iterate_batches, limit
 from growpipe.data.sources import (
     load_cifar,
@@ -13,8 +14,10 @@ from growpipe.data.sources import (
     load_fashion_mnist,
     load_files,
     load_hf,
+    load_imagefolder,
     load_newsgroups,
 )
+from growpipe.errors import DataError
 
 REGISTRY: dict[str, tuple[Callable[[DataSpec], DataBundle], str]] = {
     "digits": (load_digits_bundle, "scikit-learn's bundled 8x8 digits, 1,347/450 (the embedded default)"),
@@ -28,11 +31,13 @@ PREFIXES: dict[str, tuple[Callable[[DataSpec], DataBundle], str]] = {
     "parquet:": (load_files, "directory with train.parquet and test.parquet"),
     "csv:": (load_files, "directory with train.csv and test.csv"),
     "json:": (load_files, "directory with train.json(l) and test.json(l)"),
+    "imagefolder:": (load_imagefolder, "directory with train/CLASS/* and test/CLASS/* images"),
 }
 
 
-def load_data(spec: DataSpec) -> DataBundle:
-    """Load the dataset named in `spec`, subsample if asked, and cut its feature groups."""
+def load_data(spec: DataSpec, seed: int = 0) -> DataBundle:
+    """Load the dataset named in `spec`, subsample if asked, cut its feature groups, and set up training
+    augmentation (seeded with the run's `seed`)."""
     if spec.name in REGISTRY:
         loader = REGISTRY[spec.name][0]
     else:
@@ -43,7 +48,13 @@ def load_data(spec: DataSpec) -> DataBundle:
     bundle.test = limit(bundle.test, spec.limit_test)
     if spec.val_fraction:
         bundle.train, bundle.val = hold_out(bundle.train, spec.val_fraction)
-    return apply_feature_groups(bundle, spec.feature_groups)
+    bundle = apply_feature_groups(bundle, spec.feature_groups)
+    if spec.augment:
+        if bundle.kind != "image":
+            raise DataError(f"data.augment: {', '.join(spec.augment)} work on images but {bundle.name} is "
+                            f"{bundle.kind} data; remove data.augment")  # fmt: skip
+        bundle.train.augment = Augment(spec.augment, spec.crop_padding, seed, len(bundle.train))
+    return bundle
 
 
 __all__ = ["DataBundle", "Split", "iterate_batches", "load_data", "REGISTRY", "PREFIXES"]

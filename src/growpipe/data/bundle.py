@@ -7,13 +7,15 @@ A loader returns a DataBundle: train and test splits as tensors, the number of c
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 
 from growpipe.config import FeatureGroupsSpec
+from growpipe.data.stream import prefetch
 from growpipe.data.text import Vocab
 from growpipe.errors import DataError
 from growpipe.nn.packet import Packet
@@ -21,14 +23,32 @@ from growpipe.nn.packet import Packet
 
 @dataclass
 class Split:
-    """One split: inputs `x` (float features or long token ids), labels `y`, side feature groups."""
+    """One split: inputs `x` (float features or long token ids in memory, or ImageRows read from disk a
+    batch at a time), labels `y`, side feature groups."""
 
-    x: torch.Tensor
+    x: Any
     y: torch.Tensor
     side: dict[str, torch.Tensor] = field(default_factory=dict)
+    augment: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor] | None = None
+    """Training augmentation (data.augment): applied by `inputs` when given the epoch."""
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
+
+    @property
+    def streamed(self) -> bool:
+        """Read from disk a batch at a time (not one tensor in memory)."""
+        return not torch.is_tensor(self.x)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Per-sample input shape."""
+        return tuple(self.x.shape) if self.streamed else tuple(self.x.shape[1:])
+
+    def inputs(self, idx: torch.Tensor, epoch: int | None = None) -> torch.Tensor:
+        """The inputs of samples `idx`; augmented as epoch `epoch` draws when the split has augmentation."""
+        x = self.x.tensor(idx) if self.streamed else self.x[idx]
+        return self.augment(x, idx, epoch) if self.augment is not None and epoch is not None else x
 
 
 @dataclass
@@ -48,14 +68,16 @@ class DataBundle:
     """What loading left out or changed (e.g. dropped columns), printed with the summary."""
     source: str = ""
     """Where the data came from (dataset name, directory or hub name), for the run's record."""
+    normalize: dict[str, list[float]] | None = None
+    """The per-channel (per-feature) mean and std the inputs were standardised with (None: as read)."""
 
     @property
     def input_shape(self) -> tuple[int, ...]:
-        return tuple(self.train.x.shape[1:])
+        return self.train.shape
 
     @property
     def input_dtype(self) -> str:
-        return "long" if self.train.x.dtype == torch.long else "float"
+        return "float" if self.train.streamed else "long" if self.train.x.dtype == torch.long else "float"
 
     def side_shape(self, group: str) -> tuple[int, ...]:
         """Per-sample shape of a side feature group."""
@@ -79,6 +101,7 @@ class DataBundle:
         """One line describing the bundle."""
         groups = f", side groups {sorted(self.train.side)}" if self.train.side else ""
         vocab = f", vocab {len(self.vocab)}" if self.vocab else ""
+        vocab += ", read from disk per batch" if self.train.streamed else ""
         notes = "".join(f"; warning: {n}" for n in self.notes)
         return (
             f"{self.name}: {self.kind}, train {len(self.train)}, "
@@ -90,7 +113,9 @@ class DataBundle:
 def digest(split: Split) -> str:
     """A short content hash of a split (inputs and labels): equal digests, equal data."""
     h = hashlib.sha256()
-    for t in (split.x, split.y):
+    if split.streamed:
+        h.update(split.x.fingerprint().encode())
+    for t in ([] if split.streamed else [split.x]) + [split.y]:
         h.update(t.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
 
@@ -136,7 +161,8 @@ def hold_out(split: Split, fraction: float, seed: int = 1) -> tuple[Split, Split
 
 
 def _take(split: Split, idx: torch.Tensor) -> Split:
-    return Split(split.x[idx], split.y[idx], {k: v[idx] for k, v in split.side.items()})
+    x = split.x.take(idx.numpy()) if split.streamed else split.x[idx]
+    return Split(x, split.y[idx], {k: v[idx] for k, v in split.side.items()})
 
 
 def _cut(length: int, count: int) -> list[tuple[int, int]]:
@@ -191,6 +217,8 @@ def apply_feature_groups(bundle: DataBundle, spec: FeatureGroupsSpec) -> DataBun
     """Cut the inputs into the declared groups: the main input keeps the base groups only."""
     if spec.scheme == "none":
         return bundle
+    if bundle.train.streamed:
+        raise DataError("data.feature_groups: feature groups need the data in memory; set data.stream: false")
     bundle.train = _apply_groups_to_split(bundle.train, bundle.kind, spec)
     bundle.test = _apply_groups_to_split(bundle.test, bundle.kind, spec)
     if bundle.val is not None:
@@ -221,15 +249,25 @@ def iterate_batches(
     epoch: int = 0,
     side_groups: tuple[str, ...] = (),
     start_batch: int = 0,
+    augment: bool = False,
 ) -> Iterator[Packet]:
-    """Packets of `batch_size` samples in `batch_order`.
+    """Packets of `batch_size` samples in `batch_order`, augmented when `augment` and the split has it.
 
     `start_batch` skips the first batches of that order (an epoch resumed after a mid-epoch growth).
     """
-    for b, idx in batch_order(len(split), batch_size, shuffle=shuffle, seed=seed, epoch=epoch, start_batch=start_batch):
-        yield Packet(
-            x=split.x[idx],
+    order = batch_order(len(split), batch_size, shuffle=shuffle, seed=seed, epoch=epoch, start_batch=start_batch)
+
+    def packet(job: tuple[int, torch.Tensor]) -> Packet:
+        b, idx = job
+        return Packet(
+            x=split.inputs(idx, epoch if augment else None),
             y=split.y[idx],
             side={g_: split.side[g_][idx] for g_ in side_groups},
             index=b,
         )
+
+    if not split.streamed:
+        yield from map(packet, order)
+        return
+    workers = split.x.spec.read_workers  # decode the next batches while this one trains
+    yield from prefetch(order, packet, workers, ahead=2 * max(workers, 1))

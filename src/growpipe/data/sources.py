@@ -5,7 +5,7 @@ from __future__ import annotations
 import gzip
 import struct
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -13,6 +13,8 @@ import torch
 from growpipe import envvars
 from growpipe.config import DataSpec
 from growpipe.data.bundle import DataBundle, Split, check_labels
+from growpipe.data.images import open_fs, open_image, read_folder_images, scan_folder, stack_images
+from growpipe.data.stream import ArrowSource, FolderSource, ImageRows
 from growpipe.data.text import Vocab
 from growpipe.errors import DataError
 
@@ -161,20 +163,124 @@ def load_cifar(spec: DataSpec, classes: int) -> DataBundle:
     return _image_bundle(name, xtr, np.asarray(tr.targets), xte, np.asarray(te.targets), list(tr.classes), spec)
 
 
-def _image_bundle(name, xtr, ytr, xte, yte, class_names, spec: DataSpec) -> DataBundle:
+def _image_bundle(name, xtr, ytr, xte, yte, class_names, spec: DataSpec, notes: list[str] | None = None) -> DataBundle:
+    """Images (N, C, H, W: uint8, or floats in [0, 1]) standardised per channel as data.normalize says."""
     classes = check_labels(np.asarray(ytr), np.asarray(yte), spec.num_classes or len(class_names), name)
-    xtr_t, xte_t = torch.from_numpy(np.ascontiguousarray(xtr)), torch.from_numpy(np.ascontiguousarray(xte))
-    # Standardise per channel with training statistics.
-    mean = xtr_t.mean(dim=(0, 2, 3), keepdim=True)
-    std = xtr_t.std(dim=(0, 2, 3), keepdim=True).clamp_min(1e-6)
+    xtr_t, xte_t = _unit_float(xtr), _unit_float(xte)
+    stats = normalize_stats(xtr_t, (0, 2, 3), spec, name)
     return DataBundle(
         name=name,
         kind="image",
-        train=Split((xtr_t - mean) / std, torch.as_tensor(ytr, dtype=torch.long)),
-        test=Split((xte_t - mean) / std, torch.as_tensor(yte, dtype=torch.long)),
+        train=Split(standardise(xtr_t, stats, 1), torch.as_tensor(ytr, dtype=torch.long)),
+        test=Split(standardise(xte_t, stats, 1), torch.as_tensor(yte, dtype=torch.long)),
         num_classes=classes,
         class_names=list(class_names)[:classes],
+        notes=list(notes or []),
+        normalize=stats,
     )
+
+
+def _unit_float(x: np.ndarray) -> torch.Tensor:
+    x = np.ascontiguousarray(x)
+    t = torch.from_numpy(x)
+    return t.float().div_(255.0) if x.dtype == np.uint8 else t.float()
+
+
+def normalize_stats(x: torch.Tensor, dims: tuple[int, ...], spec: DataSpec, name: str) -> dict[str, list[float]] | None:
+    """Per-channel (per-feature) mean and std over `dims` of the training inputs, the given ones, or None."""
+    norm = spec.normalize
+    if norm == "none":
+        return None
+    count = x.shape[1]
+    if norm == "train":
+        mean = x.mean(dim=dims)
+        std = x.std(dim=dims).clamp_min(1e-6) if x.shape[0] > 1 else torch.ones(count)
+        return {"mean": mean.tolist(), "std": std.tolist()}
+    if len(norm.mean) != count:
+        raise DataError(f"data.normalize: {len(norm.mean)} mean/std value(s) given but {name} has {count} "
+                        f"{'channels' if x.dim() == 4 else 'features'}; give one per channel")  # fmt: skip
+    return {"mean": list(norm.mean), "std": list(norm.std)}
+
+
+def standardise(x: torch.Tensor, stats: dict[str, list[float]] | None, axis: int) -> torch.Tensor:
+    """(x - mean) / std along `axis` (the channel or feature axis); x unchanged without stats."""
+    if stats is None:
+        return x
+    shape = [1] * x.dim()
+    shape[axis] = -1
+    mean = torch.tensor(stats["mean"], dtype=x.dtype).reshape(shape)
+    std = torch.tensor(stats["std"], dtype=x.dtype).reshape(shape)
+    return (x - mean) / std
+
+
+def load_imagefolder(spec: DataSpec) -> DataBundle:
+    """imagefolder:DIR|URI — train/CLASS/*.png and test/CLASS/*.png (or validation/), classes in sorted order;
+    read from disk per batch unless data.stream is false."""
+    uri = spec.name.removeprefix("imagefolder:")
+    splits = scan_folder(uri)
+    classes = sorted({c for _, c in splits["train"]})
+    index = {c: i for i, c in enumerate(classes)}
+    if spec.stream is not False:
+        sources = {s: FolderSource(uri, [f for f, _ in splits[s]]) for s in ("train", "test")}
+        labels = {s: np.array([index[c] for _, c in splits[s]], dtype=np.int64) for s in ("train", "test")}
+        return streamed_bundle(spec.name, sources, labels, classes, spec)
+    arrays, kept_labels, notes = [], [], []
+    for split in ("train", "test"):
+        files = [f for f, _ in splits[split]]
+        arr, kept, bad = read_folder_images(uri, files, spec, spec.name)
+        if bad:
+            notes.append(f"{split}: skipped {len(bad)} unreadable image(s) (data.skip_bad_files), e.g. {bad[0]}")
+        arrays.append(arr)
+        kept_labels.append(np.array([index[splits[split][i][1]] for i in kept], dtype=np.int64))
+    return _image_bundle(spec.name, arrays[0], kept_labels[0], arrays[1], kept_labels[1], classes, spec, notes)
+
+
+def streamed_bundle(name: str, sources: dict[str, Any], labels: dict[str, np.ndarray], class_names: list[str],
+                    spec: DataSpec) -> DataBundle:  # fmt: skip
+    """A bundle whose images stay on disk: one pass over both splits checks every image decodes to one mode
+    and size and gives the training split's statistics; batches are decoded when read."""
+    classes = check_labels(labels["train"], labels["test"], spec.num_classes or len(class_names), name)
+    rows, seen, notes = {}, {}, []
+    for split, source in sources.items():
+        positions = np.arange(len(labels[split]))
+        first = _first_image(ImageRows(source, positions, spec, name, ()), spec.skip_bad_files)
+        rows[split] = ImageRows(source, positions, spec, name, first)
+        seen[split], bad = rows[split].scan(spec.skip_bad_files)  # every image read once, here
+        if bad:
+            keep = np.setdiff1d(positions, bad)
+            rows[split], labels[split] = rows[split].take(keep), labels[split][keep]
+            notes.append(f"{split}: skipped {len(bad)} unreadable image(s) (data.skip_bad_files)")
+    if rows["test"].shape != rows["train"].shape:
+        raise DataError(f"{name}: test images are {rows['test'].shape} but train images {rows['train'].shape} "
+                        "(channels, height, width); set data.image_size and data.channels")  # fmt: skip
+    norm = spec.normalize
+    stats = None if norm == "none" else seen["train"] if norm == "train" else {"mean": norm.mean, "std": norm.std}
+    if stats is not None and len(stats["mean"]) != rows["train"].shape[0]:
+        raise DataError(f"data.normalize: {len(stats['mean'])} mean/std value(s) given but {name} has "
+                        f"{rows['train'].shape[0]} channels; give one per channel")  # fmt: skip
+    for r in rows.values():
+        r.stats = stats
+    return DataBundle(
+        name=name,
+        kind="image",
+        train=Split(rows["train"], torch.from_numpy(labels["train"])),
+        test=Split(rows["test"], torch.from_numpy(labels["test"])),
+        num_classes=classes,
+        class_names=list(class_names)[:classes],
+        notes=notes,
+        normalize=stats,
+    )
+
+
+def _first_image(rows: ImageRows, skip_bad: bool) -> tuple[int, ...]:
+    """(C, H, W) of the first image that decodes (the first one, unless bad files are skipped)."""
+    for i in range(len(rows)):
+        try:
+            return tuple(rows.read([i]).shape[1:])
+        except DataError:
+            if not skip_bad:
+                raise
+    raise DataError(f"{rows.name}: no image decodes; check the files")
 
 
 # ---- tables and text ----------------------------------------------------------------------------------
@@ -191,36 +297,39 @@ def load_newsgroups(spec: DataSpec) -> DataBundle:
 
 
 def load_files(spec: DataSpec) -> DataBundle:
-    """parquet:/csv:/json:PATH — a directory with train.EXT and test.EXT, read by Hugging Face datasets."""
-    fmt, _, path = spec.name.partition(":")
-    root = Path(path).expanduser()
-    if not root.is_dir():
-        raise DataError(f"data.name: {root} is not a directory; give {fmt}:DIR with train.{fmt} and test.{fmt}")
+    """parquet:/csv:/json:DIR|URI — a directory (or file://, s3://, gs:// URI) with train.EXT and test.EXT, read
+    by Hugging Face datasets."""
+    fmt, _, uri = spec.name.partition(":")
+    fs, root = open_fs(uri)
+    if not fs.isdir(root):
+        raise DataError(f"data.name: {uri} is not a directory; give {fmt}:DIR with train.{fmt} and test.{fmt}")
     exts = {"parquet": ["parquet"], "csv": ["csv"], "json": ["json", "jsonl"]}[fmt]
+    local = "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
     files = {}
     for split in ("train", "test"):
-        found = [root / f"{split}.{e}" for e in exts if (root / f"{split}.{e}").is_file()]
+        found = [f"{root}/{split}.{e}" for e in exts if fs.isfile(f"{root}/{split}.{e}")]
         if not found:
-            raise DataError(f"data.name: {root} has no {split}.{exts[0]}; add it or point at the right directory")
-        if _has_no_rows(found[0], fmt):
+            raise DataError(f"data.name: {uri} has no {split}.{exts[0]}; add it or point at the right directory")
+        if _has_no_rows(fs, found[0], fmt):
             raise DataError(f"{spec.name}: the {split} split is empty ({found[0]} has no rows); add data to it")
-        files[split] = str(found[0])
+        files[split] = found[0] if local else fs.unstrip_protocol(found[0])
     import datasets
 
     try:
         ds = datasets.load_dataset(fmt, data_files=files)
     except Exception as e:  # datasets wraps parser errors in several types
         cause = e.__cause__ or e
-        raise DataError(f"data.name: cannot read {root} as {fmt} ({str(cause).splitlines()[0]})") from None
+        raise DataError(f"data.name: cannot read {uri} as {fmt} ({str(cause).splitlines()[0]})") from None
     return frames_to_bundle(spec.name, ds["train"].to_pandas(), ds["test"].to_pandas(), spec)
 
 
-def _has_no_rows(path: Path, fmt: str) -> bool:
+def _has_no_rows(fs: Any, path: str, fmt: str) -> bool:
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
-        return pq.ParquetFile(path).metadata.num_rows == 0
-    with open(path, encoding="utf-8", errors="replace") as f:
+        with fs.open(path, "rb") as f:
+            return pq.ParquetFile(f).metadata.num_rows == 0
+    with fs.open(path, "r", encoding="utf-8", errors="replace") as f:
         lines = [ln for ln in (f.readline() for _ in range(3)) if ln.strip()]
     header = 1 if fmt == "csv" else 0
     return len(lines) <= header or (fmt == "json" and lines[0].strip() in ("[]", "{}"))
@@ -243,11 +352,59 @@ def load_hf(spec: DataSpec) -> DataBundle:
     test_name = next((s for s in ("test", "validation") if s in ds), None)
     if "train" not in ds or test_name is None:
         raise DataError(f"data.name: {name!r} has splits {list(ds)}; growpipe needs train and test (or validation)")
+    image = _image_feature(ds["train"].features, spec)
+    if image is not None:
+        return _hf_images(spec.name, ds["train"], ds[test_name], image, spec)
     return frames_to_bundle(spec.name, ds["train"].to_pandas(), ds[test_name].to_pandas(), spec)
 
 
+def _image_feature(features: Any, spec: DataSpec) -> str | None:
+    """The column of Hugging Face Image feature to train on: data.image_column, else the only Image one."""
+    import datasets
+
+    images = [c for c, f in features.items() if isinstance(f, datasets.Image)]
+    if spec.image_column in images:
+        return spec.image_column
+    if spec.text_column in features:
+        return None
+    return images[0] if len(images) == 1 else None
+
+
+def _hf_images(name: str, train: Any, test: Any, column: str, spec: DataSpec) -> DataBundle:
+    """A Hugging Face dataset with an Image column: decoded, one mode and size, labels from its label column
+    (ClassLabel names kept)."""
+    import datasets
+    import pandas as pd
+
+    label = spec.label_column
+    for split, ds in (("train", train), ("test", test)):
+        if label not in ds.column_names:
+            raise DataError(f"{name}: no label column {label!r} in the {split} split (columns: "
+                            f"{', '.join(ds.column_names)}); set data.label_column")  # fmt: skip
+    frames = pd.DataFrame({label: train[label]}), pd.DataFrame({label: test[label]})
+    ytr, yte, names = _labels(*frames, spec, name)
+    feature = train.features[label]
+    if isinstance(feature, datasets.ClassLabel):
+        names = list(feature.names)
+    if spec.stream is not False:
+        sources = {"train": ArrowSource(train, column, "train"), "test": ArrowSource(test, column, "test")}
+        return streamed_bundle(name, sources, {"train": ytr.numpy(), "test": yte.numpy()}, names, spec)
+    arrays = []
+    for split, ds in (("train", train), ("test", test)):
+        raw = ds.cast_column(column, datasets.Image(decode=False))[column]
+        arrays.append(stack_images(((_row_name(split, i, r), open_image(r, _row_name(split, i, r)))
+                                    for i, r in enumerate(raw)), spec, name))  # fmt: skip
+    return _image_bundle(name, arrays[0], ytr.numpy(), arrays[1], yte.numpy(), names, spec)
+
+
+def _row_name(split: str, i: int, raw: Any) -> str:
+    path = raw.get("path") if isinstance(raw, dict) else None
+    return f"{split} row {i}" + (f" ({path})" if path else "")
+
+
 def frames_to_bundle(name: str, train: pd.DataFrame, test: pd.DataFrame, spec: DataSpec) -> DataBundle:
-    """Turn train/test frames into a text bundle (when the text column exists) or a tabular one."""
+    """Turn train/test frames into a text bundle (when the text column exists), an image bundle (number
+    lists or numeric columns reshaped by data.image_shape) or a tabular one."""
     import pandas as pd
 
     label = spec.label_column
@@ -267,31 +424,68 @@ def frames_to_bundle(name: str, train: pd.DataFrame, test: pd.DataFrame, spec: D
         xte = vocab.encode(test[spec.text_column].astype(str).tolist(), spec.max_len)
         return DataBundle(name, "text", Split(xtr, ytr), Split(xte, yte), len(class_names), class_names, vocab)
     others = [c for c in train.columns if c not in (label, "label_name")]
-    feats = [c for c in others if pd.api.types.is_numeric_dtype(train[c])]
+    vectors = [c for c in others if _is_vector_column(train[c])]
+    feats = [c for c in others if c in vectors or pd.api.types.is_numeric_dtype(train[c])]
     if not feats:
         raise DataError(
             f"{name}: no text column {spec.text_column!r} and no numeric feature columns; set data.text_column"
         )
     for split, df in (("train", train), ("test", test)):
-        nan = df[feats].isna().sum()
+        nan = df[[c for c in feats if c not in vectors]].isna().sum()
         if nan.any():
             col = nan[nan > 0].index[0]
             raise DataError(f"{name}: column {col!r} has {int(nan[col])} missing (NaN) value(s) in the {split} split "
                             f"({int((nan > 0).sum())} column(s) have some); fill or drop them first")  # fmt: skip
     dropped = [str(c) for c in others if c not in feats]
     notes = [f"dropped {len(dropped)} non-numeric column(s): {', '.join(dropped)}"] if dropped else []
-    xtr = torch.tensor(train[feats].to_numpy(np.float32))
-    xte = torch.tensor(test[feats].to_numpy(np.float32))
-    mean, std = xtr.mean(0, keepdim=True), xtr.std(0, keepdim=True).clamp_min(1e-6)
+    xtr = _feature_matrix(train, feats, vectors, name, "train")
+    xte = _feature_matrix(test, feats, vectors, name, "test")
+    if xtr.shape[1] != xte.shape[1]:
+        raise DataError(f"{name}: train rows have {xtr.shape[1]} features but test rows {xte.shape[1]}; fix the data")
+    if spec.image_shape is not None:
+        shape = tuple(spec.image_shape)
+        if int(np.prod(shape)) != xtr.shape[1]:
+            raise DataError(f"data.image_shape: {list(shape)} holds {int(np.prod(shape))} values but {name}'s rows "
+                            f"have {xtr.shape[1]}; give [channels, height, width] of that many")  # fmt: skip
+        as_bytes = all(np.issubdtype(x.dtype, np.integer) and x.min() >= 0 and x.max() <= 255 for x in (xtr, xte))
+        xtr, xte = (x.reshape(-1, *shape).astype(np.uint8 if as_bytes else np.float32) for x in (xtr, xte))
+        return _image_bundle(name, xtr, ytr.numpy(), xte, yte.numpy(), class_names, spec, notes)
+    xtr_t, xte_t = torch.from_numpy(xtr.astype(np.float32)), torch.from_numpy(xte.astype(np.float32))
+    stats = normalize_stats(xtr_t, (0,), spec, name)
     return DataBundle(
         name,
         "tabular",
-        Split((xtr - mean) / std, ytr),
-        Split((xte - mean) / std, yte),
+        Split(standardise(xtr_t, stats, 1), ytr),
+        Split(standardise(xte_t, stats, 1), yte),
         len(class_names),
         class_names,
         notes=notes,
+        normalize=stats,
     )
+
+
+def _is_vector_column(column: pd.Series) -> bool:
+    sample = column.dropna()
+    return len(sample) > 0 and isinstance(sample.iloc[0], list | tuple | np.ndarray)
+
+
+def _feature_matrix(df: pd.DataFrame, feats: list[str], vectors: list[str], name: str, split: str) -> np.ndarray:
+    """(rows, features): numeric columns as they are, number-list columns spread out, in column order."""
+    parts = []
+    for c in feats:
+        if c not in vectors:
+            parts.append(df[[c]].to_numpy())
+            continue
+        lengths = df[c].map(lambda v: -1 if v is None else len(v))
+        if lengths.nunique() != 1 or lengths.iloc[0] < 1:
+            row = int(np.flatnonzero(lengths.to_numpy() != lengths.iloc[0])[0]) if lengths.nunique() > 1 else 0
+            raise DataError(f"{name}: column {c!r} holds lists of different lengths ({split} row {row} has "
+                            f"{lengths.iloc[row]}, row 0 {lengths.iloc[0]}); give all rows as many values")  # fmt: skip
+        parts.append(np.stack([np.asarray(v) for v in df[c]]))
+    try:
+        return np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
+    except (ValueError, TypeError) as e:
+        raise DataError(f"{name}: feature columns {feats} are not all numbers ({e}); fix the data") from None
 
 
 def _check_text(column: pd.Series, col: str, name: str) -> None:

@@ -20,6 +20,9 @@ class InputInfo:
     """Side feature groups: name -> (per-sample shape, dtype)."""
     idf: torch.Tensor | None = field(default=None, compare=False, repr=False)
     """Inverse document frequency per token id (text); not serialised: blocks keep it as a buffer."""
+    normalize: dict[str, list[float]] | None = field(default=None, compare=False)
+    """Mean and std the data standardised the inputs with (per channel or feature); the served model and
+    evaluate apply the same."""
 
     @classmethod
     def from_bundle(cls, bundle: Any) -> InputInfo:
@@ -31,6 +34,7 @@ class InputInfo:
             vocab_size=len(bundle.vocab) if bundle.vocab else 0,
             side={g: (bundle.side_shape(g), bundle.side_dtype(g)) for g in sorted(bundle.train.side)},
             idf=bundle.vocab.idf() if bundle.vocab else None,
+            normalize=getattr(bundle, "normalize", None),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -40,6 +44,7 @@ class InputInfo:
             "num_classes": self.num_classes,
             "vocab_size": self.vocab_size,
             "side": {k: [list(s), d] for k, (s, d) in self.side.items()},
+            "normalize": self.normalize,
         }
 
     @classmethod
@@ -50,6 +55,7 @@ class InputInfo:
             num_classes=d["num_classes"],
             vocab_size=d.get("vocab_size", 0),
             side={k: (tuple(s), dt) for k, (s, dt) in d.get("side", {}).items()},
+            normalize=d.get("normalize"),
         )
 
 

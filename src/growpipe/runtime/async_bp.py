@@ -144,7 +144,7 @@ class AsyncBPStage(BPStage):
         split = self._data().train
         _, idx = next(batch_order(len(split), self.cfg.data.batch_size, shuffle=True, seed=self.cfg.seed,
                                   epoch=epoch, start_batch=batch))  # fmt: skip
-        return Packet(x=split.x[idx], y=split.y[idx], side={}, index=batch).to(self.device)
+        return Packet(x=split.inputs(idx, epoch), y=split.y[idx], side={}, index=batch).to(self.device)
 
 
 def one_f_one_b_order(stages: int, batches: int) -> list[list[tuple[str, int]]]:

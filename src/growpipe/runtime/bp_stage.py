@@ -144,4 +144,4 @@ class BPStage(StageBase):
                             start_batch=batch)  # fmt: skip
         _, idx = next(order)
         part = idx[micro_slices(len(idx), self.cfg.runtime.micro_batches)[micro]]
-        return Packet(x=split.x[part], y=split.y[part], side={}, index=batch).to(self.device)
+        return Packet(x=split.inputs(part, epoch), y=split.y[part], side={}, index=batch).to(self.device)

@@ -65,7 +65,7 @@ class Replica:
     def open(self) -> tuple[InputInfo, dict[str, Any]]:
         from growpipe.data import load_data
 
-        self.bundle = load_data(self.cfg.data)
+        self.bundle = load_data(self.cfg.data, self.cfg.seed)
         self.info = InputInfo.from_bundle(self.bundle)
         return self.info, self.bundle.describe()
 
@@ -110,7 +110,8 @@ class Replica:
                 paused_at = index
                 break
             mine = idx[self.rank :: self.world]  # this worker's shard of the global mini-batch
-            loss = F.cross_entropy(self.model(split.x[mine].to(device), None, {}), split.y[mine].to(device))
+            x = split.inputs(mine, epoch).to(device)
+            loss = F.cross_entropy(self.model(x, None, {}), split.y[mine].to(device))
             for b in trainable:
                 b.optimizers["all"].zero_grad(set_to_none=True)
             loss.backward()  # DDP averages the gradients of all workers here

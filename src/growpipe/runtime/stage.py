@@ -99,7 +99,7 @@ class Stage(StageBase):
             batches = self.cache.packets(bs, seed, epoch, start_batch)
         else:
             batches = iterate_batches(self._data().train, bs, shuffle=True, seed=seed, epoch=epoch,
-                                      side_groups=side_groups, start_batch=start_batch)  # fmt: skip
+                                      side_groups=side_groups, start_batch=start_batch, augment=True)  # fmt: skip
         paused_at = None
         self._pause.clear()  # a pause asked for after the previous call had ended is moot
         n = self.cache.n if self.cache is not None else len(self.bundle.train)  # type: ignore[union-attr]
