@@ -59,6 +59,14 @@ def sources(tmp_path_factory) -> dict[str, object]:
     return {"base": base, "splits": splits}
 
 
+def _write_table(root: Path, pixels: list[list[float]]) -> None:
+    import pandas as pd
+
+    root.mkdir()
+    for split in ("train", "test"):
+        pd.DataFrame({"pixels": pixels, "label": list(range(len(pixels)))}).to_parquet(root / f"{split}.parquet")
+
+
 def _all(split) -> torch.Tensor:
     """Every input of a split (in memory or read from disk), in order."""
     return split.inputs(torch.arange(len(split)))
@@ -76,8 +84,10 @@ def test_folder_hub_and_pixel_lists_give_the_same_images(sources):
     lists = _load(f"parquet:{base / 'parquet'}", image_shape=[1, 6, 5])
     in_memory = _load(f"imagefolder:{base / 'folder'}", stream=False)
     hub_in_memory = _load(f"hf:{base / 'hf'}", stream=False)
+    lists_streamed = _load(f"parquet:{base / 'parquet'}", image_shape=[1, 6, 5], stream=True)
     assert folder.train.streamed and hub.train.streamed and not lists.train.streamed and not in_memory.train.streamed
-    for b in (folder, uri, hub, lists, in_memory, hub_in_memory):
+    assert lists_streamed.train.streamed
+    for b in (folder, uri, hub, lists, in_memory, hub_in_memory, lists_streamed):
         assert b.kind == "image" and b.input_shape == (1, 6, 5) and b.num_classes == 3
         assert torch.allclose(_all(b.train), _all(folder.train), atol=1e-6) and torch.equal(b.test.y, folder.test.y)
         assert all(b.normalize[k] == pytest.approx(folder.normalize[k], abs=1e-6) for k in ("mean", "std"))
@@ -86,6 +96,9 @@ def test_folder_hub_and_pixel_lists_give_the_same_images(sources):
     mean = float(np.mean(x / 255.0))
     assert folder.normalize["mean"][0] == pytest.approx(mean, abs=1e-6)  # the training split's statistics
     assert abs(float(_all(folder.train).mean())) < 1e-5
+    table, table_streamed = (_load(f"parquet:{base / 'parquet'}", stream=flag) for flag in (False, True))
+    assert table.kind == table_streamed.kind == "tabular" and table_streamed.input_shape == (30,)
+    assert torch.allclose(_all(table.test), _all(table_streamed.test), atol=1e-5)
     raw = _load(f"imagefolder:{base / 'folder'}", normalize="none")
     assert raw.normalize is None and float(_all(raw.train).max()) <= 1.0
 
@@ -127,8 +140,13 @@ def test_bad_image_data_is_named_before_training(sources, tmp_path: Path):
         _load(f"imagefolder:file://{tmp_path / 'nowhere'}")
     with pytest.raises(DataError, match=r"cannot open nosuchfs://x .*install the fsspec filesystem"):
         _load("parquet:nosuchfs://x")
-    with pytest.raises(DataError, match=r"data.image_shape: \[1, 5, 5\] holds 25 values but .* have 30"):
-        _load(f"parquet:{sources['base'] / 'parquet'}", image_shape=[1, 5, 5])
+    for stream in (False, True):
+        with pytest.raises(DataError, match=r"data.image_shape: \[1, 5, 5\] holds 25 values but .* have 30"):
+            _load(f"parquet:{sources['base'] / 'parquet'}", image_shape=[1, 5, 5], stream=stream)
+    _write_table(tmp_path / "nan", [[0.5, float("nan")], [0.1, 0.2]])
+    for stream in (False, True):
+        with pytest.raises(DataError, match=r"column 'pixels'.* missing \(NaN\)|NaN"):
+            _load(f"parquet:{tmp_path / 'nan'}", stream=stream)
 
 
 def test_augmentation_is_seeded_per_sample_and_refused_where_it_cannot_hold(sources):

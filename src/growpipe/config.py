@@ -103,8 +103,9 @@ class DataSpec(_Strict):
     skip_bad_files: bool = False
     """An image file that cannot be decoded is skipped and counted (true) instead of stopping the run."""
     stream: bool | None = None
-    """Read images from disk a batch at a time (bounded memory) instead of one tensor in memory; default:
-    yes for imagefolder: and Hugging Face image datasets, no for everything else."""
+    """Read inputs from disk a batch at a time (bounded memory) instead of one tensor in memory: images of
+    imagefolder: and Hugging Face image datasets (default yes), number columns of parquet:/csv:/json: (memory-
+    mapped Arrow; default no; text is always tokenised in memory)."""
     read_workers: int = Field(2, ge=0, le=64)
     """Threads decoding the next batches of streamed images while the first block trains (0: inline)."""
     label_column: str = "label"

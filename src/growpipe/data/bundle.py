@@ -23,7 +23,7 @@ from growpipe.nn.packet import Packet
 
 @dataclass
 class Split:
-    """One split: inputs `x` (float features or long token ids in memory, or ImageRows read from disk a
+    """One split: inputs `x` (float features or long token ids in memory, or DiskRows read from disk a
     batch at a time), labels `y`, side feature groups."""
 
     x: Any

@@ -14,7 +14,7 @@ from growpipe import envvars
 from growpipe.config import DataSpec
 from growpipe.data.bundle import DataBundle, Split, check_labels
 from growpipe.data.images import open_fs, open_image, read_folder_images, scan_folder, stack_images
-from growpipe.data.stream import ArrowSource, FolderSource, ImageRows
+from growpipe.data.stream import ArrowSource, ColumnsSource, DiskRows, FolderSource
 from growpipe.data.text import Vocab
 from growpipe.errors import DataError
 
@@ -237,32 +237,34 @@ def load_imagefolder(spec: DataSpec) -> DataBundle:
 
 def streamed_bundle(name: str, sources: dict[str, Any], labels: dict[str, np.ndarray], class_names: list[str],
                     spec: DataSpec) -> DataBundle:  # fmt: skip
-    """A bundle whose images stay on disk: one pass over both splits checks every image decodes to one mode
-    and size and gives the training split's statistics; batches are decoded when read."""
+    """A bundle whose inputs stay on disk: one pass over both splits checks every row (images decode to one
+    mode and size, numbers are numbers) and gives the training split's statistics; batches are read when
+    needed."""
     classes = check_labels(labels["train"], labels["test"], spec.num_classes or len(class_names), name)
     rows, seen, notes = {}, {}, []
     for split, source in sources.items():
         positions = np.arange(len(labels[split]))
-        first = _first_image(ImageRows(source, positions, spec, name, ()), spec.skip_bad_files)
-        rows[split] = ImageRows(source, positions, spec, name, first)
-        seen[split], bad = rows[split].scan(spec.skip_bad_files)  # every image read once, here
+        shape = _first_shape(DiskRows(source, positions, spec, name, ()), spec, split)
+        rows[split] = DiskRows(source, positions, spec, name, shape)
+        seen[split], bad = rows[split].scan(spec.skip_bad_files)  # every row read once, here
         if bad:
             keep = np.setdiff1d(positions, bad)
             rows[split], labels[split] = rows[split].take(keep), labels[split][keep]
             notes.append(f"{split}: skipped {len(bad)} unreadable image(s) (data.skip_bad_files)")
     if rows["test"].shape != rows["train"].shape:
-        raise DataError(f"{name}: test images are {rows['test'].shape} but train images {rows['train'].shape} "
-                        "(channels, height, width); set data.image_size and data.channels")  # fmt: skip
+        raise DataError(f"{name}: test rows are {rows['test'].shape} but train rows {rows['train'].shape}; set "
+                        "data.image_size and data.channels (images) or fix the data")  # fmt: skip
+    rows["test"].scale = rows["train"].scale
     norm = spec.normalize
     stats = None if norm == "none" else seen["train"] if norm == "train" else {"mean": norm.mean, "std": norm.std}
     if stats is not None and len(stats["mean"]) != rows["train"].shape[0]:
         raise DataError(f"data.normalize: {len(stats['mean'])} mean/std value(s) given but {name} has "
-                        f"{rows['train'].shape[0]} channels; give one per channel")  # fmt: skip
+                        f"{rows['train'].shape[0]} channels (features); give one per channel")  # fmt: skip
     for r in rows.values():
         r.stats = stats
     return DataBundle(
         name=name,
-        kind="image",
+        kind="image" if len(rows["train"].shape) == 3 else "tabular",
         train=Split(rows["train"], torch.from_numpy(labels["train"])),
         test=Split(rows["test"], torch.from_numpy(labels["test"])),
         num_classes=classes,
@@ -272,15 +274,51 @@ def streamed_bundle(name: str, sources: dict[str, Any], labels: dict[str, np.nda
     )
 
 
-def _first_image(rows: ImageRows, skip_bad: bool) -> tuple[int, ...]:
-    """(C, H, W) of the first image that decodes (the first one, unless bad files are skipped)."""
+def _first_shape(rows: DiskRows, spec: DataSpec, split: str) -> tuple[int, ...]:
+    """The per-row shape: of the first image that decodes (the first one, unless bad files are skipped), or
+    of the number columns (data.image_shape when set)."""
     for i in range(len(rows)):
         try:
-            return tuple(rows.read([i]).shape[1:])
+            shape = tuple(rows.read([i]).shape[1:])
         except DataError:
-            if not skip_bad:
+            if not spec.skip_bad_files:
                 raise
-    raise DataError(f"{rows.name}: no image decodes; check the files")
+            continue
+        if len(shape) == 1 and spec.image_shape is not None:
+            if int(np.prod(spec.image_shape)) != shape[0]:
+                raise DataError(f"data.image_shape: {spec.image_shape} holds {int(np.prod(spec.image_shape))} "
+                                f"values but {rows.name}'s rows have {shape[0]}; give [channels, height, width] of "
+                                "that many")  # fmt: skip
+            return tuple(spec.image_shape)
+        return shape
+    raise DataError(f"{rows.name}: no row of the {split} split can be read; check the files")
+
+
+def _streamed_table(name: str, train: Any, test: Any, spec: DataSpec) -> DataBundle:
+    """parquet/csv/json (memory-mapped Arrow) read per batch: its number and number-list columns."""
+    import datasets
+    import pandas as pd
+
+    label = spec.label_column
+    for split, ds in (("train", train), ("test", test)):
+        if label not in ds.column_names:
+            raise DataError(f"{name}: no label column {label!r} in the {split} split (columns: "
+                            f"{', '.join(ds.column_names)}); set data.label_column")  # fmt: skip
+    if spec.text_column in train.column_names:
+        raise DataError(f"data.stream: {name} has a text column ({spec.text_column!r}), tokenised in memory; set "
+                        "data.stream: false")  # fmt: skip
+
+    def numeric(f: Any) -> bool:
+        f = getattr(f, "feature", f)  # a list column: its items
+        return isinstance(f, datasets.Value) and (f.dtype.startswith(("int", "uint", "float")) or f.dtype == "double")
+
+    feats = [c for c, f in train.features.items() if c not in (label, "label_name") and numeric(f)]
+    if not feats:
+        raise DataError(f"{name}: no numeric feature columns to stream; set data.stream: false")
+    frames = [pd.DataFrame({c: ds[c] for c in (label, "label_name") if c in ds.column_names}) for ds in (train, test)]
+    ytr, yte, names = _labels(*frames, spec, name)
+    sources = {"train": ColumnsSource(train, feats, "train"), "test": ColumnsSource(test, feats, "test")}
+    return streamed_bundle(name, sources, {"train": ytr.numpy(), "test": yte.numpy()}, names, spec)
 
 
 # ---- tables and text ----------------------------------------------------------------------------------
@@ -320,6 +358,8 @@ def load_files(spec: DataSpec) -> DataBundle:
     except Exception as e:  # datasets wraps parser errors in several types
         cause = e.__cause__ or e
         raise DataError(f"data.name: cannot read {uri} as {fmt} ({str(cause).splitlines()[0]})") from None
+    if spec.stream:
+        return _streamed_table(spec.name, ds["train"], ds["test"], spec)
     return frames_to_bundle(spec.name, ds["train"].to_pandas(), ds["test"].to_pandas(), spec)
 
 
@@ -481,7 +521,12 @@ def _feature_matrix(df: pd.DataFrame, feats: list[str], vectors: list[str], name
             row = int(np.flatnonzero(lengths.to_numpy() != lengths.iloc[0])[0]) if lengths.nunique() > 1 else 0
             raise DataError(f"{name}: column {c!r} holds lists of different lengths ({split} row {row} has "
                             f"{lengths.iloc[row]}, row 0 {lengths.iloc[0]}); give all rows as many values")  # fmt: skip
-        parts.append(np.stack([np.asarray(v) for v in df[c]]))
+        arr = np.stack([np.asarray(v) for v in df[c]])
+        if np.issubdtype(arr.dtype, np.floating) and np.isnan(arr).any():
+            row = int(np.flatnonzero(np.isnan(arr).any(axis=1))[0])
+            raise DataError(f"{name}: column {c!r} has a missing (NaN) value in {split} row {row}; fill or drop "
+                            "them first")  # fmt: skip
+        parts.append(arr)
     try:
         return np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
     except (ValueError, TypeError) as e:

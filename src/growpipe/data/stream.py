@@ -21,48 +21,57 @@ T = TypeVar("T")
 STATS_BATCH = 64
 
 
-class ImageRows:
-    """Rows of images on disk: `len`, `shape` (C, H, W), `tensor(idx)` (standardised float batch), `take`."""
+class DiskRows:
+    """Rows read from disk by position: `len`, `shape` (per sample), `tensor(idx)` (a standardised float
+    batch), `take`, `scan`. Images come as uint8 and are read as floats in [0, 1]; number columns as they
+    are (reshaped to data.image_shape when set; integer pixels 0-255 scaled like images after `scan`)."""
 
     def __init__(self, source: Any, positions: np.ndarray, spec: DataSpec, name: str, shape: tuple[int, ...]):
-        self.source = source  # FolderSource | ArrowSource: reads raw images by position
+        self.source = source  # FolderSource | ArrowSource | ColumnsSource: `read(positions, spec, name)`
         self.positions = positions
         self.spec = spec
         self.name = name
         self.shape = shape
+        self.scale = 1 / 255.0 if getattr(source, "images", None) is not None else 1.0
         self.stats: dict[str, list[float]] | None = None
 
     def __len__(self) -> int:
         return len(self.positions)
 
     def read(self, idx: Iterable[int]) -> np.ndarray:
-        """(n, C, H, W) uint8 of the rows `idx` (positions in this split)."""
+        """The rows `idx` (positions in this split) as stored, shaped (n, *shape)."""
         pos = self.positions[np.asarray(list(idx), dtype=np.int64)]
-        arr = stack_images(self.source.images(pos), self.spec, self.name)
+        arr = self.source.read(pos, self.spec, self.name)
+        if self.shape and int(np.prod(arr.shape[1:])) == int(np.prod(self.shape)) and arr.ndim == 2:
+            arr = arr.reshape(len(arr), *self.shape)  # number columns viewed as images (data.image_shape)
         if self.shape and arr.shape[1:] != self.shape:
-            raise DataError(f"{self.name}: the images at rows {pos[:3].tolist()}... are {arr.shape[1:]} but "
-                            f"earlier ones {self.shape} (C, H, W); set data.image_size and data.channels")  # fmt: skip
+            raise DataError(f"{self.name}: the rows {pos[:3].tolist()}... are {arr.shape[1:]} but earlier ones "
+                            f"{self.shape}; set data.image_size and data.channels (images) or fix them")  # fmt: skip
         return arr
 
     def tensor(self, idx: torch.Tensor | Iterable[int]) -> torch.Tensor:
-        """The rows `idx` as floats in [0, 1], standardised with `stats` when set."""
+        """The rows `idx` as floats (images in [0, 1]), standardised with `stats` when set."""
         from growpipe.data.sources import standardise
 
-        x = torch.from_numpy(self.read(idx.tolist() if torch.is_tensor(idx) else idx)).float().div_(255.0)
-        return standardise(x, self.stats, 1)
+        x = torch.from_numpy(np.ascontiguousarray(self.read(idx.tolist() if torch.is_tensor(idx) else idx))).float()
+        return standardise(x.mul_(self.scale) if self.scale != 1.0 else x, self.stats, 1)
 
-    def take(self, idx: torch.Tensor | np.ndarray) -> ImageRows:
+    def take(self, idx: torch.Tensor | np.ndarray) -> DiskRows:
         """The rows `idx` as a split of their own (same source, same statistics)."""
-        rows = ImageRows(self.source, self.positions[np.asarray(idx, dtype=np.int64)], self.spec, self.name, self.shape)
-        rows.stats = self.stats
+        rows = DiskRows(self.source, self.positions[np.asarray(idx, dtype=np.int64)], self.spec, self.name, self.shape)
+        rows.scale, rows.stats = self.scale, self.stats
         return rows
 
     def scan(self, skip_bad: bool) -> tuple[dict[str, list[float]], list[int]]:
-        """One pass over every row: per-channel mean and std (float64 sums) and the rows that do not decode
-        (skipped when `skip_bad`, else the first raises DataError naming its file)."""
-        total = np.zeros(self.shape[0], dtype=np.int64)  # exact integer sums of the uint8 pixels
-        squares = np.zeros(self.shape[0], dtype=np.int64)
-        count = 0
+        """One pass over every row: per-channel (per-feature) mean and std in float64 and the rows that do not
+        decode (skipped when `skip_bad`, else the first raises DataError naming its file). Integer columns
+        that hold only 0-255 under data.image_shape are pixels: scaled to [0, 1] like images."""
+        axes = (
+            (0, 2, 3) if len(self.shape) == 3 else (0,) if len(self.shape) == 1 else (0, *range(2, len(self.shape) + 1))
+        )
+        total = np.zeros(self.shape[0])
+        squares = np.zeros(self.shape[0])
+        count, low, high, integer = 0, np.inf, -np.inf, True
         bad: list[int] = []
         for start in range(0, len(self), STATS_BATCH):
             chunk = range(start, min(start + STATS_BATCH, len(self)))
@@ -78,10 +87,15 @@ class ImageRows:
                     except DataError:
                         bad.append(i)
             for x in parts:
-                total += x.sum(axis=(0, 2, 3), dtype=np.int64)
-                squares += np.square(x, dtype=np.int32).sum(axis=(0, 2, 3), dtype=np.int64)
-                count += x.shape[0] * x.shape[2] * x.shape[3]
-        total, squares = total / 255.0, squares / 255.0**2
+                integer = integer and np.issubdtype(x.dtype, np.integer)
+                low, high = min(low, float(x.min())), max(high, float(x.max()))
+                x = x.astype(np.float64)
+                total += x.sum(axis=axes)
+                squares += np.square(x).sum(axis=axes)
+                count += x.size // self.shape[0]
+        if self.scale == 1.0 and self.spec.image_shape is not None and integer and low >= 0 and high <= 255:
+            self.scale = 1 / 255.0
+        total, squares = total * self.scale, squares * self.scale**2
         mean = total / max(count, 1)
         var = np.maximum(squares / max(count, 1) - mean**2, 0.0) * count / max(count - 1, 1)
         return {"mean": mean.tolist(), "std": np.maximum(np.sqrt(var), 1e-6).tolist()}, bad
@@ -97,6 +111,9 @@ class FolderSource:
     def __init__(self, uri: str, files: list[str]):
         self.uri = uri
         self.files = files
+
+    def read(self, positions: np.ndarray, spec: DataSpec, name: str) -> np.ndarray:
+        return stack_images(self.images(positions), spec, name)
 
     def images(self, positions: np.ndarray) -> Iterator[tuple[str, Any]]:
         fs, _ = open_fs(self.uri)
@@ -118,10 +135,47 @@ class ArrowSource:
         self.column = column
         self.split = split
 
+    def read(self, positions: np.ndarray, spec: DataSpec, name: str) -> np.ndarray:
+        return stack_images(self.images(positions), spec, name)
+
     def images(self, positions: np.ndarray) -> Iterator[tuple[str, Any]]:
         for p, raw in zip(positions.tolist(), self.ds[positions.tolist()][self.column], strict=True):
             where = f"{self.split} row {p}" + (f" ({raw['path']})" if isinstance(raw, dict) and raw.get("path") else "")
             yield where, open_image(raw, where)
+
+    def fingerprint(self) -> str:
+        return f"{self.split}:{getattr(self.ds, '_fingerprint', '')}"
+
+
+class ColumnsSource:
+    """Number columns of a Hugging Face dataset (memory-mapped Arrow: parquet, csv, json): scalar columns
+    and number-list columns, read by position as one (n, features) array."""
+
+    def __init__(self, ds: Any, columns: list[str], split: str):
+        self.ds = ds.select_columns(columns)
+        self.columns = columns
+        self.split = split
+
+    def read(self, positions: np.ndarray, spec: DataSpec, name: str) -> np.ndarray:
+        rows = self.ds[positions.tolist()]
+        parts = []
+        for c in self.columns:
+            values = rows[c]
+            try:
+                arr = np.asarray(values)
+                if arr.dtype == object:  # nulls (None) among numbers: NaN, refused below
+                    arr = np.asarray(values, dtype=np.float64)
+            except (ValueError, TypeError):
+                arr = np.asarray([], dtype=object)
+            if arr.dtype == object or (arr.ndim == 2 and arr.shape[1] == 0):
+                raise DataError(f"{name}: column {c!r} holds lists of different lengths or non-numbers near "
+                                f"{self.split} row {int(positions[0])}; give all rows as many numbers")  # fmt: skip
+            if np.issubdtype(arr.dtype, np.floating) and np.isnan(arr).any():
+                row = int(positions[np.flatnonzero(np.isnan(arr.reshape(len(arr), -1)).any(axis=1))[0]])
+                raise DataError(f"{name}: column {c!r} has a missing (NaN) value in {self.split} row {row}; fill "
+                                "or drop them first")  # fmt: skip
+            parts.append(arr.reshape(len(arr), -1))
+        return np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
 
     def fingerprint(self) -> str:
         return f"{self.split}:{getattr(self.ds, '_fingerprint', '')}"
