@@ -49,12 +49,20 @@ print(next(l.split()[1] for l in open("/proc/self/status") if l.startswith("VmHW
 
 
 def fashion(n: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """The first n training and 1,000 test images (uint8, 28x28) and labels of the IDX files."""
+    """The n training and 1,000 test images (uint8, 28x28) and labels that data.limit_train / limit_test pick
+    from the IDX files (the same seeded subset), so every format holds the IDX run's split."""
+    from growpipe.data.bundle import Split, limit
     from growpipe.data.sources import FASHION_FILES, locate, read_idx
 
     root = locate(build_config({}).data, "fashion-mnist", list(FASHION_FILES.values()))
     arr = {k: read_idx(root / f) for k, f in FASHION_FILES.items()}
-    return {"train": (arr["train_x"][:n], arr["train_y"][:n]), "test": (arr["test_x"][:1000], arr["test_y"][:1000])}
+
+    def pick(x: np.ndarray, y: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        rows = torch.arange(len(y))
+        idx = limit(Split(rows[:, None], rows), k).y.numpy()
+        return x[idx], y[idx]
+
+    return {"train": pick(arr["train_x"], arr["train_y"], n), "test": pick(arr["test_x"], arr["test_y"], 1000)}
 
 
 def write_formats(work: Path, n: int) -> dict[str, str]:
@@ -120,6 +128,19 @@ def measure(name: str, n: int, augment: bool) -> dict[str, Any]:
             round(samples / busy), "busy": round(busy / wall, 3), "streamed": bundle.train.streamed}  # fmt: skip
 
 
+def accuracy(name: str, n: int, epochs: int) -> dict[str, Any]:
+    """Test accuracy and seconds of the reference trainer on `name`: DASCPL, the Fashion-MNIST CNN's first
+    two blocks (32, 64 channels), seed 0."""
+    from growpipe.local import train_local
+
+    cfg = data_config(name, n, False)
+    cfg.net = cfg.net.model_copy(update={"blocks": 2, "widths": [32, 64]})
+    cfg.train.epochs, cfg.tracking.mlflow = epochs, False
+    t0 = time.perf_counter()
+    summary = train_local(cfg, progress=None).summary()
+    return {"test_accuracy": round(summary["test_accuracy"], 4), "seconds": round(time.perf_counter() - t0, 1)}
+
+
 def peak_rss_mb(name: str, how: str) -> float:
     """Peak RSS (MB) of a fresh process loading `name` (how: stream or memory) and reading an epoch."""
     out = subprocess.run([sys.executable, "-c", RSS_SCRIPT, name, how], capture_output=True, text=True,
@@ -133,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--images", type=int, help="training images per format (default 12,000; quick 1,000)")
     ap.add_argument("--rss-images", type=int, help="peak RSS for this many images and 10x (default 6,000; quick "
                     "500; 0: skip)")  # fmt: skip
+    ap.add_argument("--accuracy-epochs", type=int, default=0, help="also train the CNN's first two blocks this many "
+                    "epochs from each format (reference trainer; 0: skip)")  # fmt: skip
     ap.add_argument("--json-out", metavar="FILE", help="write the figures as JSON")
     args = ap.parse_args(argv)
     n = args.images or (1000 if args.quick else 12000)
@@ -153,6 +176,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{fmt:<26} augment {'yes' if augment else 'no ':<3}  load {row['load_s']:>6.2f} s  reader "
                       f"{row['reader_samples_per_second']:>7} samples/s  block {row['block_samples_per_second']:>5} "
                       f"samples/s  busy {row['busy']:.2f}", flush=True)  # fmt: skip
+        trained = {}
+        for fmt, name in list(names.items())[: 3 if args.accuracy_epochs else 0]:  # IDX, folder, HF
+            trained[fmt] = accuracy(name, n, args.accuracy_epochs)
+            print(f"{fmt:<26} {args.accuracy_epochs} epochs: test accuracy {trained[fmt]['test_accuracy']:.4f} in "
+                  f"{trained[fmt]['seconds']} s", flush=True)  # fmt: skip
         rss = []
         written = {k: write_formats(work, k) for k in rss_sizes if k != n} | {n: names}
         folder, arrow = "image folder (PNG)", "HF Arrow (Image column)"
@@ -163,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             rss.append({"format": fmt, "read": how, "images": list(rss_sizes), "peak_rss_mb": sizes, "ratio": ratio})
             print(f"peak RSS {fmt} {how}: {rss_sizes[0]} images {sizes[0]} MB, {rss_sizes[1]} images {sizes[1]} MB "
                   f"(x{ratio})", flush=True)  # fmt: skip
-    out = {"images": n, "batch": BATCH, "rows": rows, "rss": rss, "cpus": os.cpu_count(),
+    out = {"images": n, "batch": BATCH, "rows": rows, "rss": rss, "accuracy": trained, "cpus": os.cpu_count(),
            "seconds": round(time.perf_counter() - start, 1)}  # fmt: skip
     saved = f"; JSON: {atomic_write_json(args.json_out, out)}" if args.json_out else ""
     print(f"done in {out['seconds']} s{saved}")
