@@ -82,12 +82,27 @@ def text_dir(tmp_path: Path) -> Path:
     return d
 
 
+@pytest.fixture(scope="session")
+def digits_on_disk(tmp_path_factory) -> str:
+    """The digits bundle as parquet pixel lists, read from disk per batch: `data.name` of a streamed split."""
+    from growpipe.config import DataSpec
+    from growpipe.data.sources import load_digits_bundle
+
+    bundle = load_digits_bundle(DataSpec(name="digits", normalize="none"))
+    root = tmp_path_factory.mktemp("digits-parquet")
+    for split in ("train", "test"):
+        part = getattr(bundle, split)
+        pixels = [row.reshape(-1).tolist() for row in part.x.numpy()]
+        pd.DataFrame({"pixels": pixels, "label": part.y.numpy()}).to_parquet(root / f"{split}.parquet")
+    return f"parquet:{root}"
+
+
 def _session_ray() -> None:
     import ray
 
     from growpipe.runtime import NAMESPACE
 
-    ray.init(num_cpus=4, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
 
 
 @pytest.fixture(scope="session")

@@ -92,22 +92,26 @@ class DataSpec(_Strict):
     image_shape: list[int] | None = None
     """[channels, height, width]: a column of number lists (or the numeric columns) reshaped into images."""
     normalize: Literal["train", "none"] | NormalizeSpec = "train"
-    """Image and table inputs standardised per channel (feature) with statistics of the training split
-    (train), left as read (none), or {mean: [...], std: [...]}; stored in checkpoints, so evaluate and the
-    served model apply the same."""
+    """Image and table inputs standardised per channel (feature) with statistics of the training rows (train:
+    after limit_train and val_fraction), left as read (none), or {mean: [...], std: [...]}; stored in
+    checkpoints, so evaluate and the served model apply the same."""
     augment: list[Literal["random_crop", "hflip"]] = []
     """Training-split augmentation of images (torchvision.transforms.v2), seeded per batch: random_crop
     (with crop_padding) and hflip. Not with grow.cache.enabled (frozen blocks would see other inputs)."""
     crop_padding: int = Field(4, ge=0)
     """Pixels of zero padding on each side before random_crop crops back to the image size."""
     skip_bad_files: bool = False
-    """An image file that cannot be decoded is skipped and counted (true) instead of stopping the run."""
+    """An image file that cannot be decoded (at load or mid-run) is skipped and counted (true) instead of
+    stopping the run."""
     stream: bool | None = None
     """Read inputs from disk a batch at a time (bounded memory) instead of one tensor in memory: images of
     imagefolder: and Hugging Face image datasets (default yes), number columns of parquet:/csv:/json: (memory-
     mapped Arrow; default no; text is always tokenised in memory)."""
     read_workers: int = Field(2, ge=0, le=64)
     """Threads decoding the next batches of streamed images while the first block trains (0: inline)."""
+    test_split: str | None = None
+    """hf: the split to test on (default test, else validation); e.g. validation for GLUE SST-2, whose test
+    labels are hidden."""
     label_column: str = "label"
     """Column holding each sample's class (integers 0..k-1, or strings mapped in sorted order)."""
     num_classes: int | None = Field(None, ge=2)
@@ -171,6 +175,21 @@ class NetSpec(_Strict):
     pooling: Literal["mean", "tfidf"] = "mean"
     """embedding backbone: mean (block 2 averages token embeddings) or tfidf (block 1 returns the
     sublinear-tf x idf weighted, L2-normalised bag of embeddings: a learned map of the TF-IDF vector)."""
+    embed_init_std: float = Field(1.0, gt=0)
+    """Standard deviation of the token embeddings' normal init (1.0: PyTorch's N(0, 1); the tfidf bag uses
+    0.01); words without a pretrained vector (net.word_vectors) take the found vectors' spread instead."""
+    positions: Literal["learned", "none"] = "learned"
+    """transformer: learned position vectors added to the token embeddings (initialised like them), or none
+    (the seeds' text models)."""
+    final_norm: bool = False
+    """transformer: each block ends with a LayerNorm over its output (the seeds' transformer does)."""
+    ff_width: int | None = Field(None, ge=1)
+    """transformer: feed-forward width of each layer; default 4 x the model width (the seeds: the width)."""
+    word_vectors: str | None = None
+    """GloVe / word2vec text file (.txt or .txt.gz) whose vectors initialise the embedding block for the
+    vocabulary words it holds (coverage printed); its dimension must equal net.embed_dim."""
+    freeze_embeddings: bool = False
+    """Keep the embedding block's token vectors fixed (e.g. pretrained ones from net.word_vectors)."""
 
     @model_validator(mode="after")
     def _widths_match_blocks(self) -> NetSpec:
@@ -189,6 +208,8 @@ class NetSpec(_Strict):
             bad = [w for w in [self.width, *(self.widths or [])] if w % self.heads]
             if bad:
                 raise ValueError(f"widths {bad} must be divisible by heads ({self.heads}) for a transformer")
+        if self.word_vectors is not None and self.backbone not in ("embedding", "lstm", "transformer"):
+            raise ValueError(f"word_vectors is for text backbones (embedding, lstm, transformer), not {self.backbone}")
         if self.backbone == "resnet18" and self.blocks > 8:
             raise ValueError(f"resnet18 has 8 residual units; blocks={self.blocks} is more, use 1..8")
         return self
@@ -242,6 +263,11 @@ class SCPLSpec(_Strict):
     """Projection head the contrastive loss sees: identity, linear, or mlp (Linear-ReLU-Linear)."""
     proj_dim: int = Field(128, ge=2)
     """Output size of a linear or mlp projector."""
+    classifier: Literal["linear", "mlp"] = "linear"
+    """The classifier on detached features (SCPL's last block, every DASCPL exit): linear, or mlp
+    (Linear-Tanh-Linear, the seeds' text predictor)."""
+    classifier_hidden: int | None = Field(None, ge=1)
+    """Hidden units of an mlp classifier; default the block's feature size (the seeds: 300)."""
 
 
 class RuleSettings(_Strict):

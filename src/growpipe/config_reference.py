@@ -103,11 +103,16 @@ def reference() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+    """`python -m growpipe.config_reference [FILE]`: the config reference on stdout, or written to FILE."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m growpipe.config_reference", description=main.__doc__)
+    parser.add_argument("file", nargs="?", help="write the reference here (docs/configuration.md)")
+    args = parser.parse_args(argv)
     text = reference()
-    if args:
-        Path(args[0]).write_text(text)
-        print(f"wrote {args[0]}")
+    if args.file:
+        Path(args.file).write_text(text)
+        print(f"wrote {args.file}")
     else:
         print(text)
     return 0

@@ -16,6 +16,10 @@ class DataError(GrowpipeError, ValueError):
     """A dataset is missing, empty or malformed."""
 
 
+class DataNotFoundError(DataError):
+    """The data is not where the config says (a path, directory or dataset that this node cannot reach)."""
+
+
 class ShapeError(GrowpipeError, ValueError):
     """Blocks whose shapes do not chain."""
 

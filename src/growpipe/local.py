@@ -56,7 +56,7 @@ class LocalEngine:
         set_cpu_threads(self.cfg.threads)
         self.device = resolve_device(self.cfg.device)
         self.bundle = self.bundle or load_data(self.cfg.data, self.cfg.seed)
-        self.info = InputInfo.from_bundle(self.bundle)
+        self.info = InputInfo.from_bundle(self.bundle, self.cfg.net)
         return self.info, self.bundle.describe()
 
     def build(self, specs: list[BlockSpec], layout: dict[str, Any] | None) -> str:

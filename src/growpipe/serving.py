@@ -35,7 +35,7 @@ class GrowpipeModel(mlflow.pyfunc.PythonModel):
         import pandas as pd
         import torch
 
-        from growpipe.data.sources import standardise
+        from growpipe.data.moments import standardise
         from growpipe.nn.inference import adaptive_exit, collect_exits, confidence
         from growpipe.nn.packet import Packet
 

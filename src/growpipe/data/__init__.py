@@ -8,6 +8,7 @@ from functools import partial
 from growpipe.config import DataSpec
 from growpipe.data.augment import Augment
 from growpipe.data.bundle import DataBundle, Split, apply_feature_groups, hold_out, iterate_batches, limit
+from growpipe.data.moments import normalise
 from growpipe.data.sources import (
     load_cifar,
     load_digits_bundle,
@@ -48,6 +49,7 @@ def load_data(spec: DataSpec, seed: int = 0) -> DataBundle:
     bundle.test = limit(bundle.test, spec.limit_test)
     if spec.val_fraction:
         bundle.train, bundle.val = hold_out(bundle.train, spec.val_fraction)
+    bundle = normalise(bundle, spec)  # statistics of the rows trained on
     bundle = apply_feature_groups(bundle, spec.feature_groups)
     if spec.augment:
         if bundle.kind != "image":

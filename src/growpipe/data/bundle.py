@@ -48,6 +48,17 @@ class Split:
     def inputs(self, idx: torch.Tensor, epoch: int | None = None) -> torch.Tensor:
         """The inputs of samples `idx`; augmented as epoch `epoch` draws when the split has augmentation."""
         x = self.x.tensor(idx) if self.streamed else self.x[idx]
+        return self._augmented(x, idx, epoch)
+
+    def batch(self, idx: torch.Tensor, epoch: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and labels of samples `idx` for training; a split read from disk with data.skip_bad_files
+        leaves out the rows whose files no longer decode (else the first one stops the run, named)."""
+        if not (self.streamed and self.x.spec.skip_bad_files):
+            return self.inputs(idx, epoch), self.y[idx]
+        x, idx = self.x.tensor_skipping(idx)
+        return self._augmented(x, idx, epoch), self.y[idx]
+
+    def _augmented(self, x: torch.Tensor, idx: torch.Tensor, epoch: int | None) -> torch.Tensor:
         return self.augment(x, idx, epoch) if self.augment is not None and epoch is not None else x
 
 
@@ -259,9 +270,10 @@ def iterate_batches(
 
     def packet(job: tuple[int, torch.Tensor]) -> Packet:
         b, idx = job
+        x, y = split.batch(idx, epoch if augment else None)
         return Packet(
-            x=split.inputs(idx, epoch if augment else None),
-            y=split.y[idx],
+            x=x,
+            y=y,
             side={g_: split.side[g_][idx] for g_ in side_groups},
             index=b,
         )

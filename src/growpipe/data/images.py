@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from growpipe.config import DataSpec
-from growpipe.errors import DataError
+from growpipe.errors import DataError, DataNotFoundError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 TEST_SPLITS = ("test", "validation", "val")
@@ -29,7 +29,10 @@ def open_image(raw: Any, where: str) -> Any:
     try:
         img = Image.open(io.BytesIO(raw) if isinstance(raw, bytes | bytearray) else raw)
         img.load()
-    except (UnidentifiedImageError, OSError, ValueError, TypeError) as e:
+    except UnidentifiedImageError:
+        raise DataError(f"{where}: not a readable image (no known image format); replace or remove the file, or "
+                        "set data.skip_bad_files: true") from None  # fmt: skip
+    except (OSError, ValueError, TypeError) as e:
         raise DataError(f"{where}: not a readable image ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
                         "replace or remove the file, or set data.skip_bad_files: true") from None  # fmt: skip
     return img
@@ -75,8 +78,8 @@ def open_fs(uri: str) -> tuple[Any, str]:
     try:
         return fsspec.core.url_to_fs(uri)
     except (ImportError, ValueError) as e:
-        raise DataError(f"data.name: cannot open {uri} ({str(e).splitlines()[0]}); install the fsspec filesystem "
-                        "for its scheme (s3fs for s3://, gcsfs for gs://)") from None  # fmt: skip
+        raise DataNotFoundError(f"data.name: cannot open {uri} ({str(e).splitlines()[0]}); install the fsspec "
+                                "filesystem for its scheme (s3fs for s3://, gcsfs for gs://)") from None  # fmt: skip
 
 
 def scan_folder(uri: str) -> dict[str, list[tuple[str, str]]]:
@@ -84,7 +87,7 @@ def scan_folder(uri: str) -> dict[str, list[tuple[str, str]]]:
     DataError for a missing split, an empty class folder, or a test class the train split lacks."""
     fs, root = open_fs(uri)
     if not fs.isdir(root):
-        raise DataError(f"data.name: {uri} is not a directory; give imagefolder:DIR with train/CLASS/*.png and "
+        raise DataNotFoundError(f"data.name: {uri} is not a directory; give imagefolder:DIR with train/CLASS/*.png and "
                         "test/CLASS/*.png")  # fmt: skip
     subdirs = {p.rstrip("/").rsplit("/", 1)[-1]: p for p in fs.ls(root, detail=False) if fs.isdir(p)}
     test = next((s for s in TEST_SPLITS if s in subdirs), None)

@@ -14,9 +14,10 @@ from growpipe import envvars
 from growpipe.config import DataSpec
 from growpipe.data.bundle import DataBundle, Split, check_labels
 from growpipe.data.images import open_fs, open_image, read_folder_images, scan_folder, stack_images
+from growpipe.data.moments import unit_float
 from growpipe.data.stream import ArrowSource, ColumnsSource, DiskRows, FolderSource
 from growpipe.data.text import Vocab
-from growpipe.errors import DataError
+from growpipe.errors import DataError, DataNotFoundError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -52,17 +53,17 @@ def locate(spec: DataSpec, name: str, must_have: list[str], system_dirs: tuple[s
     if spec.root is not None:
         root = Path(spec.root).expanduser()
         if not root.is_dir():
-            raise DataError(f"data.root: {root} does not exist; point it at the directory holding the {name} files")
+            raise DataNotFoundError(f"data.root: {root} does not exist; point it at the directory of the {name} files")
         missing = [f for f in must_have if not (root / f).is_file()]
         if missing:
-            raise DataError(f"data.root: {root} lacks {', '.join(missing)}; point it at the {name} directory")
+            raise DataNotFoundError(f"data.root: {root} lacks {', '.join(missing)}; point it at the {name} directory")
         return root
     tried = candidate_dirs(name, system_dirs)
     for d in tried:
         if all((d / f).is_file() for f in must_have):
             return d
     shown = ", ".join(str(p) for p in [*tried[:2], *map(Path, system_dirs)])
-    raise DataError(
+    raise DataNotFoundError(
         f"data: no {name} files found (looked in {shown}, ...); set data.root or ${envvars.GROWPIPE_DATA_DIR}"
     )
 
@@ -114,8 +115,7 @@ def load_fashion_mnist(spec: DataSpec) -> DataBundle:
     for split in ("train", "test"):
         if len(arr[f"{split}_x"]) != len(arr[f"{split}_y"]):
             raise DataError(f"{root}: {split} images and labels differ in count; re-copy the files")
-    xtr = arr["train_x"].astype(np.float32)[:, None] / 255.0
-    xte = arr["test_x"].astype(np.float32)[:, None] / 255.0
+    xtr, xte = arr["train_x"][:, None], arr["test_x"][:, None]  # uint8: made floats like streamed pixels
     ytr, yte = arr["train_y"].astype(np.int64), arr["test_y"].astype(np.int64)
     return _image_bundle("fashion-mnist", xtr, ytr, xte, yte, FASHION_CLASSES, spec)
 
@@ -149,7 +149,7 @@ def load_cifar(spec: DataSpec, classes: int) -> DataBundle:
     else:
         root = Path(spec.root).expanduser()
         if not root.is_dir() and not spec.download:
-            raise DataError(f"data.root: {root} does not exist; point it at the folder holding {base.base_folder}/")
+            raise DataNotFoundError(f"data.root: {root} does not exist; point it at the folder of {base.base_folder}/")
     try:
         tr = _Cifar(str(root), train=True, download=spec.download)
         te = _Cifar(str(root), train=False, download=False)
@@ -164,53 +164,17 @@ def load_cifar(spec: DataSpec, classes: int) -> DataBundle:
 
 
 def _image_bundle(name, xtr, ytr, xte, yte, class_names, spec: DataSpec, notes: list[str] | None = None) -> DataBundle:
-    """Images (N, C, H, W: uint8, or floats in [0, 1]) standardised per channel as data.normalize says."""
+    """Images (N, C, H, W: uint8, or floats in [0, 1]) as floats in [0, 1]; `load_data` standardises them."""
     classes = check_labels(np.asarray(ytr), np.asarray(yte), spec.num_classes or len(class_names), name)
-    xtr_t, xte_t = _unit_float(xtr), _unit_float(xte)
-    stats = normalize_stats(xtr_t, (0, 2, 3), spec, name)
     return DataBundle(
         name=name,
         kind="image",
-        train=Split(standardise(xtr_t, stats, 1), torch.as_tensor(ytr, dtype=torch.long)),
-        test=Split(standardise(xte_t, stats, 1), torch.as_tensor(yte, dtype=torch.long)),
+        train=Split(unit_float(xtr), torch.as_tensor(ytr, dtype=torch.long)),
+        test=Split(unit_float(xte), torch.as_tensor(yte, dtype=torch.long)),
         num_classes=classes,
         class_names=list(class_names)[:classes],
         notes=list(notes or []),
-        normalize=stats,
     )
-
-
-def _unit_float(x: np.ndarray) -> torch.Tensor:
-    x = np.ascontiguousarray(x)
-    t = torch.from_numpy(x)
-    return t.float().div_(255.0) if x.dtype == np.uint8 else t.float()
-
-
-def normalize_stats(x: torch.Tensor, dims: tuple[int, ...], spec: DataSpec, name: str) -> dict[str, list[float]] | None:
-    """Per-channel (per-feature) mean and std over `dims` of the training inputs, the given ones, or None."""
-    norm = spec.normalize
-    if norm == "none":
-        return None
-    count = x.shape[1]
-    if norm == "train":
-        mean = x.mean(dim=dims)
-        std = x.std(dim=dims).clamp_min(1e-6) if x.shape[0] > 1 else torch.ones(count)
-        return {"mean": mean.tolist(), "std": std.tolist()}
-    if len(norm.mean) != count:
-        raise DataError(f"data.normalize: {len(norm.mean)} mean/std value(s) given but {name} has {count} "
-                        f"{'channels' if x.dim() == 4 else 'features'}; give one per channel")  # fmt: skip
-    return {"mean": list(norm.mean), "std": list(norm.std)}
-
-
-def standardise(x: torch.Tensor, stats: dict[str, list[float]] | None, axis: int) -> torch.Tensor:
-    """(x - mean) / std along `axis` (the channel or feature axis); x unchanged without stats."""
-    if stats is None:
-        return x
-    shape = [1] * x.dim()
-    shape[axis] = -1
-    mean = torch.tensor(stats["mean"], dtype=x.dtype).reshape(shape)
-    std = torch.tensor(stats["std"], dtype=x.dtype).reshape(shape)
-    return (x - mean) / std
 
 
 def load_imagefolder(spec: DataSpec) -> DataBundle:
@@ -237,31 +201,17 @@ def load_imagefolder(spec: DataSpec) -> DataBundle:
 
 def streamed_bundle(name: str, sources: dict[str, Any], labels: dict[str, np.ndarray], class_names: list[str],
                     spec: DataSpec) -> DataBundle:  # fmt: skip
-    """A bundle whose inputs stay on disk: one pass over both splits checks every row (images decode to one
-    mode and size, numbers are numbers) and gives the training split's statistics; batches are read when
-    needed."""
+    """A bundle whose inputs stay on disk, read a batch at a time; `load_data` then checks every row it keeps
+    (images decode to one mode and size, numbers are numbers) in one pass that also gives the statistics."""
     classes = check_labels(labels["train"], labels["test"], spec.num_classes or len(class_names), name)
-    rows, seen, notes = {}, {}, []
+    rows = {}
     for split, source in sources.items():
         positions = np.arange(len(labels[split]))
         shape = _first_shape(DiskRows(source, positions, spec, name, ()), spec, split)
         rows[split] = DiskRows(source, positions, spec, name, shape)
-        seen[split], bad = rows[split].scan(spec.skip_bad_files)  # every row read once, here
-        if bad:
-            keep = np.setdiff1d(positions, bad)
-            rows[split], labels[split] = rows[split].take(keep), labels[split][keep]
-            notes.append(f"{split}: skipped {len(bad)} unreadable image(s) (data.skip_bad_files)")
     if rows["test"].shape != rows["train"].shape:
         raise DataError(f"{name}: test rows are {rows['test'].shape} but train rows {rows['train'].shape}; set "
                         "data.image_size and data.channels (images) or fix the data")  # fmt: skip
-    rows["test"].scale = rows["train"].scale
-    norm = spec.normalize
-    stats = None if norm == "none" else seen["train"] if norm == "train" else {"mean": norm.mean, "std": norm.std}
-    if stats is not None and len(stats["mean"]) != rows["train"].shape[0]:
-        raise DataError(f"data.normalize: {len(stats['mean'])} mean/std value(s) given but {name} has "
-                        f"{rows['train'].shape[0]} channels (features); give one per channel")  # fmt: skip
-    for r in rows.values():
-        r.stats = stats
     return DataBundle(
         name=name,
         kind="image" if len(rows["train"].shape) == 3 else "tabular",
@@ -269,8 +219,6 @@ def streamed_bundle(name: str, sources: dict[str, Any], labels: dict[str, np.nda
         test=Split(rows["test"], torch.from_numpy(labels["test"])),
         num_classes=classes,
         class_names=list(class_names)[:classes],
-        notes=notes,
-        normalize=stats,
     )
 
 
@@ -340,14 +288,14 @@ def load_files(spec: DataSpec) -> DataBundle:
     fmt, _, uri = spec.name.partition(":")
     fs, root = open_fs(uri)
     if not fs.isdir(root):
-        raise DataError(f"data.name: {uri} is not a directory; give {fmt}:DIR with train.{fmt} and test.{fmt}")
+        raise DataNotFoundError(f"data.name: {uri} is not a directory; give {fmt}:DIR with train.{fmt} and test.{fmt}")
     exts = {"parquet": ["parquet"], "csv": ["csv"], "json": ["json", "jsonl"]}[fmt]
     local = "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
     files = {}
     for split in ("train", "test"):
         found = [f"{root}/{split}.{e}" for e in exts if fs.isfile(f"{root}/{split}.{e}")]
         if not found:
-            raise DataError(f"data.name: {uri} has no {split}.{exts[0]}; add it or point at the right directory")
+            raise DataNotFoundError(f"data.name: {uri} has no {split}.{exts[0]}; add it or point at the right folder")
         if _has_no_rows(fs, found[0], fmt):
             raise DataError(f"{spec.name}: the {split} split is empty ({found[0]} has no rows); add data to it")
         files[split] = found[0] if local else fs.unstrip_protocol(found[0])
@@ -388,8 +336,11 @@ def load_hf(spec: DataSpec) -> DataBundle:
             ds = datasets.load_dataset(str(local) if local.is_dir() else name)
     except (FileNotFoundError, ValueError, ConnectionError, OSError) as e:
         first = str(e).splitlines()[0] if str(e) else e.__class__.__name__
-        raise DataError(f"data.name: cannot load Hugging Face dataset {name!r} ({first})") from None
-    test_name = next((s for s in ("test", "validation") if s in ds), None)
+        raise DataNotFoundError(f"data.name: cannot load Hugging Face dataset {name!r} ({first})") from None
+    if spec.test_split is not None and spec.test_split not in ds:
+        raise DataError(f"data.test_split: {name!r} has no split {spec.test_split!r} (it has {', '.join(ds)}); "
+                        "name one of those")  # fmt: skip
+    test_name = spec.test_split or next((s for s in ("test", "validation") if s in ds), None)
     if "train" not in ds or test_name is None:
         raise DataError(f"data.name: {name!r} has splits {list(ds)}; growpipe needs train and test (or validation)")
     image = _image_feature(ds["train"].features, spec)
@@ -490,17 +441,14 @@ def frames_to_bundle(name: str, train: pd.DataFrame, test: pd.DataFrame, spec: D
         as_bytes = all(np.issubdtype(x.dtype, np.integer) and x.min() >= 0 and x.max() <= 255 for x in (xtr, xte))
         xtr, xte = (x.reshape(-1, *shape).astype(np.uint8 if as_bytes else np.float32) for x in (xtr, xte))
         return _image_bundle(name, xtr, ytr.numpy(), xte, yte.numpy(), class_names, spec, notes)
-    xtr_t, xte_t = torch.from_numpy(xtr.astype(np.float32)), torch.from_numpy(xte.astype(np.float32))
-    stats = normalize_stats(xtr_t, (0,), spec, name)
     return DataBundle(
         name,
         "tabular",
-        Split(standardise(xtr_t, stats, 1), ytr),
-        Split(standardise(xte_t, stats, 1), yte),
+        Split(unit_float(xtr.astype(np.float32)), ytr),
+        Split(unit_float(xte.astype(np.float32)), yte),
         len(class_names),
         class_names,
         notes=notes,
-        normalize=stats,
     )
 
 

@@ -5,6 +5,7 @@ background threads while the first block trains."""
 
 from __future__ import annotations
 
+import sys
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -15,10 +16,10 @@ import torch
 
 from growpipe.config import DataSpec
 from growpipe.data.images import open_fs, open_image, stack_images
+from growpipe.data.moments import STATS_BATCH, Moments, standardise, unit_float
 from growpipe.errors import DataError
 
 T = TypeVar("T")
-STATS_BATCH = 64
 
 
 class DiskRows:
@@ -32,8 +33,9 @@ class DiskRows:
         self.spec = spec
         self.name = name
         self.shape = shape
-        self.scale = 1 / 255.0 if getattr(source, "images", None) is not None else 1.0
+        self.pixels = getattr(source, "images", None) is not None  # uint8 read as floats in [0, 1]
         self.stats: dict[str, list[float]] | None = None
+        self.skipped = 0
 
     def __len__(self) -> int:
         return len(self.positions)
@@ -51,27 +53,42 @@ class DiskRows:
 
     def tensor(self, idx: torch.Tensor | Iterable[int]) -> torch.Tensor:
         """The rows `idx` as floats (images in [0, 1]), standardised with `stats` when set."""
-        from growpipe.data.sources import standardise
+        return standardise(self._floats(self.read(idx.tolist() if torch.is_tensor(idx) else idx)), self.stats, 1)
 
-        x = torch.from_numpy(np.ascontiguousarray(self.read(idx.tolist() if torch.is_tensor(idx) else idx))).float()
-        return standardise(x.mul_(self.scale) if self.scale != 1.0 else x, self.stats, 1)
+    def tensor_skipping(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`tensor(idx)` without the rows that no longer decode, and the `idx` kept: each skipped row is
+        counted in `skipped` and named on stderr (data.skip_bad_files for a file that went bad mid-run)."""
+        try:
+            return self.tensor(idx), idx
+        except DataError:
+            parts, kept = [], []
+            for i in idx.tolist():
+                try:
+                    parts.append(self.tensor([i]))
+                    kept.append(i)
+                except DataError as e:
+                    self.skipped += 1
+                    print(f"warning: skipped ({self.skipped} so far, data.skip_bad_files): {e}", file=sys.stderr,
+                          flush=True)  # fmt: skip
+        if not parts:
+            raise DataError(f"{self.name}: none of the {len(idx)} rows of a batch could be read; check the data")
+        return torch.cat(parts), torch.tensor(kept, dtype=idx.dtype)
+
+    def _floats(self, arr: np.ndarray) -> torch.Tensor:
+        return unit_float(arr.astype(np.uint8, copy=False) if self.pixels else arr.astype(np.float32, copy=False))
 
     def take(self, idx: torch.Tensor | np.ndarray) -> DiskRows:
         """The rows `idx` as a split of their own (same source, same statistics)."""
         rows = DiskRows(self.source, self.positions[np.asarray(idx, dtype=np.int64)], self.spec, self.name, self.shape)
-        rows.scale, rows.stats = self.scale, self.stats
+        rows.pixels, rows.stats = self.pixels, self.stats
         return rows
 
     def scan(self, skip_bad: bool) -> tuple[dict[str, list[float]], list[int]]:
-        """One pass over every row: per-channel (per-feature) mean and std in float64 and the rows that do not
-        decode (skipped when `skip_bad`, else the first raises DataError naming its file). Integer columns
-        that hold only 0-255 under data.image_shape are pixels: scaled to [0, 1] like images."""
-        axes = (
-            (0, 2, 3) if len(self.shape) == 3 else (0,) if len(self.shape) == 1 else (0, *range(2, len(self.shape) + 1))
-        )
-        total = np.zeros(self.shape[0])
-        squares = np.zeros(self.shape[0])
-        count, low, high, integer = 0, np.inf, -np.inf, True
+        """One pass over every row: per-channel (per-feature) mean and std (`Moments`, as for data in memory)
+        and the rows that do not decode (skipped when `skip_bad`, else the first raises DataError naming its
+        file). Integer columns that hold only 0-255 under data.image_shape are pixels, read like images."""
+        as_read, as_pixels = Moments(self.shape[0]), Moments(self.shape[0])
+        maybe_pixels = not self.pixels and self.spec.image_shape is not None
         bad: list[int] = []
         for start in range(0, len(self), STATS_BATCH):
             chunk = range(start, min(start + STATS_BATCH, len(self)))
@@ -87,18 +104,14 @@ class DiskRows:
                     except DataError:
                         bad.append(i)
             for x in parts:
-                integer = integer and np.issubdtype(x.dtype, np.integer)
-                low, high = min(low, float(x.min())), max(high, float(x.max()))
-                x = x.astype(np.float64)
-                total += x.sum(axis=axes)
-                squares += np.square(x).sum(axis=axes)
-                count += x.size // self.shape[0]
-        if self.scale == 1.0 and self.spec.image_shape is not None and integer and low >= 0 and high <= 255:
-            self.scale = 1 / 255.0
-        total, squares = total * self.scale, squares * self.scale**2
-        mean = total / max(count, 1)
-        var = np.maximum(squares / max(count, 1) - mean**2, 0.0) * count / max(count - 1, 1)
-        return {"mean": mean.tolist(), "std": np.maximum(np.sqrt(var), 1e-6).tolist()}, bad
+                as_read.add(self._floats(x))
+                maybe_pixels = maybe_pixels and np.issubdtype(x.dtype, np.integer) and x.min() >= 0 and x.max() <= 255
+                if maybe_pixels:
+                    as_pixels.add(unit_float(x.astype(np.uint8)))
+        if maybe_pixels:
+            self.pixels = True
+            return as_pixels.stats(), bad
+        return as_read.stats(), bad
 
     def fingerprint(self) -> str:
         """What identifies these rows (source and positions) for the run's dataset record."""

@@ -124,7 +124,8 @@ class EmbeddingEncoder(Encoder):
     i.e. a learned linear map of the document's TF-IDF vector.
     """
 
-    def __init__(self, vocab: int, dim: int, positions: int, dropout: float, pooling: str = "none"):
+    def __init__(self, vocab: int, dim: int, positions: int, dropout: float, pooling: str = "none",
+                 init_std: float = 1.0, vectors: torch.Tensor | None = None, freeze: bool = False):  # fmt: skip
         super().__init__()
         self.embed = nn.Embedding(vocab, dim, padding_idx=0)
         self.pos = nn.Embedding(positions, dim) if positions else None
@@ -134,9 +135,16 @@ class EmbeddingEncoder(Encoder):
             self.register_buffer("idf", torch.ones(vocab))
             # The bag is a linear map of an L2-normalised TF-IDF vector: start at the scale of a linear layer's
             # init. With N(0, 1) rows it behaves as fixed random features (20 Newsgroups: 0.75 vs 0.86).
-            nn.init.normal_(self.embed.weight, std=0.01)
-            with torch.no_grad():
-                self.embed.weight[0].zero_()
+            init_std = 0.01
+        with torch.no_grad():
+            if init_std != 1.0:
+                nn.init.normal_(self.embed.weight, std=init_std)
+                if self.pos is not None:
+                    nn.init.normal_(self.pos.weight, std=init_std)
+            if vectors is not None:
+                self.embed.weight.copy_(vectors[:vocab])
+            self.embed.weight[0].zero_()
+        self.embed.weight.requires_grad_(not freeze)
 
     def forward(self, x, mask=None, side=None):
         if self.pooling == "tfidf":
@@ -179,20 +187,23 @@ class LSTMEncoder(Encoder):
 class TransformerEncoder(Encoder):
     """One or more transformer encoder layers over (B, T, D), padding masked out."""
 
-    def __init__(self, in_features: int, d_model: int, heads: int, layers: int, dropout: float):
+    def __init__(self, in_features: int, d_model: int, heads: int, layers: int, dropout: float,
+                 ff_width: int | None = None, final_norm: bool = False):  # fmt: skip
         super().__init__()
         self.proj = nn.Linear(in_features, d_model) if in_features != d_model else nn.Identity()
+        ff = ff_width or 4 * d_model
         self.layers = nn.ModuleList(
-            nn.TransformerEncoderLayer(d_model, heads, 4 * d_model, dropout, batch_first=True, norm_first=True)
+            nn.TransformerEncoderLayer(d_model, heads, ff, dropout, batch_first=True, norm_first=True)
             for _ in range(layers)
         )
+        self.norm = nn.LayerNorm(d_model) if final_norm else nn.Identity()
 
     def forward(self, x, mask=None, side=None):
         s = self.proj(x)
         pad = None if mask is None else ~mask
         for layer in self.layers:
             s = layer(s, src_key_padding_mask=pad)
-        return s, mask
+        return self.norm(s), mask
 
 
 class FeatureEncoder(Encoder):
@@ -230,14 +241,17 @@ def build_encoder(spec: EncoderSpec, info: InputInfo | None = None) -> Encoder:
     if fam == "resnet":
         return ResNetEncoder(shape[0], p["start"], p["end"], p["image_size"])
     if fam == "embedding":
-        enc = EmbeddingEncoder(p["vocab"], p["dim"], p["positions"], p["dropout"], p.get("pooling", "none"))
+        vectors = info.word_vectors if info is not None else None
+        enc = EmbeddingEncoder(p["vocab"], p["dim"], p["positions"], p["dropout"], p.get("pooling", "none"),
+                               p.get("init_std", 1.0), vectors, p.get("freeze", False))  # fmt: skip
         if enc.pooling == "tfidf" and info is not None and info.idf is not None:
             enc.idf.copy_(info.idf[: p["vocab"]])
         return enc
     if fam == "lstm":
         return LSTMEncoder(shape[-1], p["hidden"], p["layers"], p["dropout"])
     if fam == "transformer":
-        return TransformerEncoder(shape[-1], p["d_model"], p["heads"], p["layers"], p["dropout"])
+        return TransformerEncoder(shape[-1], p["d_model"], p["heads"], p["layers"], p["dropout"], p.get("ff_width"),
+                                  p.get("final_norm", False))  # fmt: skip
     if fam == "feature":
         return FeatureEncoder(
             _flat_size(shape),
@@ -323,15 +337,20 @@ def _block_encoder(net: NetSpec, info: InputInfo, i: int, shape, dtype) -> Encod
         params = {"start": cuts[i], "end": cuts[i + 1], "image_size": info.shape[1]}
         return EncoderSpec("resnet", shape, dtype, params)
     if i == 0:  # text backbones start with the embedding block
-        dim = net.width if b == "transformer" else net.embed_dim
-        positions = info.shape[0] if b == "transformer" else 0
+        positions = info.shape[0] if b == "transformer" and net.positions == "learned" else 0
         pooling = "tfidf" if b == "embedding" and net.pooling == "tfidf" else "none"
-        params = {"vocab": info.vocab_size, "dim": dim, "positions": positions, "dropout": drop, "pooling": pooling}
+        params = {"vocab": info.vocab_size, "dim": net.embed_dim, "positions": positions, "dropout": drop,
+                  "pooling": pooling, "init_std": net.embed_init_std, "freeze": net.freeze_embeddings}  # fmt: skip
         return EncoderSpec("embedding", shape, dtype, params)
     if b == "lstm":
         return EncoderSpec("lstm", shape, dtype, {"hidden": w, "layers": net.block_layers(i), "dropout": drop})
-    params = {"d_model": w, "heads": net.heads, "layers": net.block_layers(i), "dropout": drop}
-    return EncoderSpec("transformer", shape, dtype, params)
+    return EncoderSpec("transformer", shape, dtype, transformer_params(net, w, net.block_layers(i)))
+
+
+def transformer_params(net: NetSpec, d_model: int, layers: int) -> dict[str, object]:
+    """What a transformer block's spec records: model width, heads, layers, dropout, ff width, final norm."""
+    return {"d_model": d_model, "heads": net.heads, "layers": layers, "dropout": net.dropout,
+            "ff_width": net.ff_width, "final_norm": net.final_norm}  # fmt: skip
 
 
 def growth_encoder(
@@ -363,11 +382,6 @@ def growth_encoder(
         if fam == "lstm":
             params = {"hidden": width, "layers": net.layers_per_block, "dropout": net.dropout}
         else:
-            params = {
-                "d_model": shape[-1],
-                "heads": net.heads,
-                "layers": net.layers_per_block,
-                "dropout": net.dropout,
-            }
+            params = transformer_params(net, shape[-1], net.layers_per_block)
         return EncoderSpec(fam, shape, "float", params)
     return EncoderSpec("mlp", shape, "float", {"width": width, "layers": net.layers_per_block, "dropout": net.dropout})

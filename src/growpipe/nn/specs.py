@@ -20,13 +20,24 @@ class InputInfo:
     """Side feature groups: name -> (per-sample shape, dtype)."""
     idf: torch.Tensor | None = field(default=None, compare=False, repr=False)
     """Inverse document frequency per token id (text); not serialised: blocks keep it as a buffer."""
+    word_vectors: torch.Tensor | None = field(default=None, compare=False, repr=False)
+    """Pretrained vectors per token id (net.word_vectors) for the embedding block's first build; not serialised."""
     normalize: dict[str, list[float]] | None = field(default=None, compare=False)
     """Mean and std the data standardised the inputs with (per channel or feature); the served model and
     evaluate apply the same."""
 
     @classmethod
-    def from_bundle(cls, bundle: Any) -> InputInfo:
-        """Describe a DataBundle."""
+    def from_bundle(cls, bundle: Any, net: Any = None) -> InputInfo:
+        """Describe a DataBundle; with a NetSpec naming net.word_vectors, read them for its vocabulary (the
+        coverage goes into the bundle's notes)."""
+        vectors = None
+        if net is not None and net.word_vectors and bundle.vocab:
+            from growpipe.nn.word_vectors import read_word_vectors
+
+            vectors, found = read_word_vectors(net.word_vectors, bundle.vocab, net.embed_dim)
+            words = len(bundle.vocab) - 2
+            bundle.notes.append(f"word vectors for {found:,} of {words:,} vocabulary words "
+                                f"({100 * found / max(words, 1):.1f}%) from {net.word_vectors}")  # fmt: skip
         return cls(
             shape=bundle.input_shape,
             dtype=bundle.input_dtype,
@@ -35,6 +46,7 @@ class InputInfo:
             side={g: (bundle.side_shape(g), bundle.side_dtype(g)) for g in sorted(bundle.train.side)},
             idf=bundle.vocab.idf() if bundle.vocab else None,
             normalize=getattr(bundle, "normalize", None),
+            word_vectors=vectors,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -94,7 +94,7 @@ class AsyncBPStage(BPStage):
         weights = {}
         for n, p in block.modules.named_parameters():
             w = p.detach() - self.ahead * next_step(opt, p) if self.spectrain and self.ahead else p.detach().clone()
-            weights[n] = w.requires_grad_(True)
+            weights[n] = w.requires_grad_(p.requires_grad)  # a frozen embedding (net.freeze_embeddings) stays
         if upstream is None:
             p = self._batch(epoch, batch)
             x_in = None
@@ -144,7 +144,8 @@ class AsyncBPStage(BPStage):
         split = self._data().train
         _, idx = next(batch_order(len(split), self.cfg.data.batch_size, shuffle=True, seed=self.cfg.seed,
                                   epoch=epoch, start_batch=batch))  # fmt: skip
-        return Packet(x=split.inputs(idx, epoch), y=split.y[idx], side={}, index=batch).to(self.device)
+        x, y = split.batch(idx, epoch)
+        return Packet(x=x, y=y, side={}, index=batch).to(self.device)
 
 
 def one_f_one_b_order(stages: int, batches: int) -> list[list[tuple[str, int]]]:

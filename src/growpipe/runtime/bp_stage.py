@@ -144,4 +144,5 @@ class BPStage(StageBase):
                             start_batch=batch)  # fmt: skip
         _, idx = next(order)
         part = idx[micro_slices(len(idx), self.cfg.runtime.micro_batches)[micro]]
-        return Packet(x=split.inputs(part, epoch), y=split.y[part], side={}, index=batch).to(self.device)
+        x, y = split.batch(part, epoch)
+        return Packet(x=x, y=y, side={}, index=batch).to(self.device)

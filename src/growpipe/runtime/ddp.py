@@ -66,7 +66,7 @@ class Replica:
         from growpipe.data import load_data
 
         self.bundle = load_data(self.cfg.data, self.cfg.seed)
-        self.info = InputInfo.from_bundle(self.bundle)
+        self.info = InputInfo.from_bundle(self.bundle, self.cfg.net)
         return self.info, self.bundle.describe()
 
     def build(self, topology: list[dict[str, Any]]) -> str:
@@ -110,8 +110,8 @@ class Replica:
                 paused_at = index
                 break
             mine = idx[self.rank :: self.world]  # this worker's shard of the global mini-batch
-            x = split.inputs(mine, epoch).to(device)
-            loss = F.cross_entropy(self.model(x, None, {}), split.y[mine].to(device))
+            x, y = split.batch(mine, epoch)
+            loss = F.cross_entropy(self.model(x.to(device), None, {}), y.to(device))
             for b in trainable:
                 b.optimizers["all"].zero_grad(set_to_none=True)
             loss.backward()  # DDP averages the gradients of all workers here

@@ -67,6 +67,7 @@ def connect(cfg: RunConfig, address: str | None = None, cpus: int | None = None)
     cpus = cpus or cfg.runtime.num_cpus or max(os.cpu_count() or 1, logical_cpus_needed(cfg))
     with _keeping_sigterm_handler():
         ctx = ray.init(
+            address="local",  # a new Ray of its own, even when `ray start` left one running on this machine
             num_cpus=cpus,
             namespace=NAMESPACE,
             include_dashboard=cfg.runtime.dashboard,

@@ -11,7 +11,7 @@ from growpipe.checkpoint import CheckpointStore, block_file
 from growpipe.config import RunConfig
 from growpipe.data import DataBundle, load_data
 from growpipe.device import resolve_device, set_cpu_threads
-from growpipe.errors import DataError, StageError
+from growpipe.errors import DataNotFoundError, StageError
 from growpipe.nn.block import Block
 from growpipe.nn.methods import build_block
 from growpipe.nn.specs import BlockSpec, InputInfo
@@ -35,13 +35,14 @@ class StageBase:
         """Stage 0 reads the dataset itself; returns what the loop needs to plan the blocks and its record."""
         try:
             self.bundle = load_data(self.cfg.data, self.cfg.seed)
-        except DataError as e:  # stage 0 may run on another node than the driver: say where it looked
+            info = InputInfo.from_bundle(self.bundle, self.cfg.net)
+        except DataNotFoundError as e:  # stage 0 may run on another node than the driver: say where it looked
             import ray
 
             node = ray.util.get_node_ip_address()
-            raise DataError(f"{e} (read by stage 0 on node {node}: a local path must exist there; shared "
+            raise DataNotFoundError(f"{e} (read by stage 0 on node {node}: a local path must exist there; shared "
                             "storage or a file:// / s3:// / gs:// URI reaches every node)") from None  # fmt: skip
-        return InputInfo.from_bundle(self.bundle), self.bundle.describe()
+        return info, self.bundle.describe()
 
     def train_size(self) -> int:
         """Stage 0: training samples per epoch."""

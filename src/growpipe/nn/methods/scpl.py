@@ -43,13 +43,22 @@ def make_projector(kind: str, in_dim: int, out_dim: int) -> nn.Module:
     return nn.Sequential(nn.Linear(in_dim, in_dim), nn.ReLU(), nn.Linear(in_dim, out_dim))
 
 
+def make_classifier(kind: str, in_dim: int, classes: int, hidden: int | None = None) -> nn.Module:
+    """linear, or mlp: Linear-Tanh-Linear with `hidden` units (default in_dim)."""
+    if kind == "linear":
+        return nn.Linear(in_dim, classes)
+    width = hidden or in_dim
+    return nn.Sequential(nn.Linear(in_dim, width), nn.Tanh(), nn.Linear(width, classes))
+
+
 class SCPLBlock(Block):
     def __init__(self, spec: BlockSpec, info: InputInfo, rule: RuleSettings):
         super().__init__(spec, info, rule)
         self.temperature = rule.scpl.temperature
         self.modules["proj"] = make_projector(rule.scpl.projector, self.head_dim, rule.scpl.proj_dim)
         if spec.has_exit:
-            self.modules["cls"] = nn.Linear(self.head_dim, spec.num_classes)
+            self.modules["cls"] = make_classifier(rule.scpl.classifier, self.head_dim, spec.num_classes,
+                                                  rule.scpl.classifier_hidden)  # fmt: skip
         self.optimizers = {"all": make_optimizer(self.modules.parameters(), rule.optim)}
 
     def local_step(self, p: Packet) -> tuple[Packet, dict[str, float]]:

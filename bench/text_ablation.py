@@ -1,0 +1,86 @@
+"""Text-model ablation: each deviation of growpipe's sequence models from the seeds' code, one at a time and
+together, on the 20 Newsgroups transformer suite of `bench compare` (reference trainer, same seed).
+
+    .venv/bin/python bench/text_ablation.py --json-out bench/out/text-ablation.json
+    .venv/bin/python bench/text_ablation.py --variants shipped,identity --methods bp,scpl --ks 2
+    .venv/bin/python bench/text_ablation.py --quick        # 640 documents, 2 epochs: a smoke run
+
+Prints a Markdown table (accuracy of the full path and of every exit, seconds) and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(REPO / "bench"))
+
+from compare import SUITES  # noqa: E402
+
+from growpipe.config import load_config  # noqa: E402
+from growpipe.fsutil import atomic_write_json  # noqa: E402
+from growpipe.local import train_local  # noqa: E402
+
+SEEDS = ("scpl.projector=identity", "net.positions=none", "net.final_norm=true", "net.ff_width=64",
+         "scpl.classifier=mlp")  # fmt: skip
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "shipped": (),
+    "identity": ("scpl.projector=identity",),
+    "init0.02": ("net.embed_init_std=0.02",),
+    "nopos": ("net.positions=none",),
+    "finalnorm": ("net.final_norm=true",),
+    "mlpcls": ("scpl.classifier=mlp",),
+    "seeds": SEEDS,
+    "seeds+init0.02": (*SEEDS, "net.embed_init_std=0.02"),
+}
+
+
+def run(method: str, k: int, overrides: list[str]) -> dict:
+    """One reference-trainer run of the suite's config for `method` with K blocks and `overrides`."""
+    cfg = load_config(REPO / "configs" / f"20newsgroups-{method}.yaml",
+                      [*overrides, f"net.blocks={k}", "tracking.mlflow=false", "checkpoint.enabled=false"])  # fmt: skip
+    start = time.perf_counter()
+    s = train_local(cfg, progress=None).summary()
+    return {"test_accuracy": s["test_accuracy"], "exit_accuracy": s["exit_accuracy"],
+            "seconds": round(time.perf_counter() - start, 1)}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of: {', '.join(VARIANTS)}")
+    ap.add_argument("--methods", default="bp,al,scpl,dascpl", help="comma-separated rules")
+    ap.add_argument("--ks", default="2", help="comma-separated block counts K")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="config override applied to every run")  # fmt: skip
+    ap.add_argument("--quick", action="store_true", help="the compare suite's quick sizes")
+    ap.add_argument("--json-out", metavar="FILE", help="write the rows as JSON")
+    args = ap.parse_args(argv)
+    suite = SUITES["20newsgroups"]
+    base = list(suite.quick if args.quick else suite.overrides) + args.overrides
+    unknown = [v for v in args.variants.split(",") if v not in VARIANTS]
+    if unknown:
+        ap.error(f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
+    rows = []
+    print("| variant | method | K | test acc | per exit | s |\n| --- | --- | --- | --- | --- | --- |", flush=True)
+    for variant in args.variants.split(","):
+        for k in map(int, args.ks.split(",")):
+            for method in args.methods.split(","):
+                extra = [o for o in VARIANTS[variant] if method != "bp" or not o.startswith("scpl.")]
+                row = {"variant": variant, "method": method, "k": k, "overrides": extra,
+                       **run(method, k, base + extra)}  # fmt: skip
+                rows.append(row)
+                exits = ", ".join(f"{a:.3f}" for a in row["exit_accuracy"])
+                print(f"| {variant} | {method} | {k} | {row['test_accuracy']:.4f} | {exits} | {row['seconds']} |",
+                      flush=True)  # fmt: skip
+    if args.json_out:
+        atomic_write_json(args.json_out, {"base": base, "rows": rows})
+        print(f"JSON: {args.json_out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

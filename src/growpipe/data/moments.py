@@ -1,0 +1,122 @@
+"""Pixels to floats and per-channel standardisation, one way for data in memory and data read from disk, so
+a dataset gives the same inputs (bit for bit) whichever path reads it. Statistics come from the rows a run
+trains on: after data.limit_train and the validation hold-out."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from growpipe.config import DataSpec
+from growpipe.errors import DataError
+
+if TYPE_CHECKING:
+    from growpipe.data.bundle import DataBundle, Split
+
+STATS_BATCH = 64  # rows per float64 partial sum: the same chunks in memory and on disk give the same sums
+
+
+def unit_float(x: np.ndarray) -> torch.Tensor:
+    """uint8 pixels as float32 in [0, 1]; anything else as float32 unchanged."""
+    t = torch.from_numpy(np.ascontiguousarray(x))
+    return t.float().div_(255.0) if t.dtype == torch.uint8 else t.float()
+
+
+def channel_axes(ndim: int) -> tuple[int, ...]:
+    """The axes to reduce over for per-channel (images: N, C, H, W) or per-feature (N, F) statistics."""
+    return (0, *range(2, ndim))
+
+
+class Moments:
+    """Running float64 sums of the float32 inputs, per channel; added a chunk of rows at a time."""
+
+    def __init__(self, channels: int):
+        self.total = np.zeros(channels)
+        self.squares = np.zeros(channels)
+        self.count = 0
+        self.rows = 0
+
+    def add(self, x: torch.Tensor) -> None:
+        """Add a float32 batch (N, C, ...) to the sums."""
+        d = x.numpy().astype(np.float64)
+        axes = channel_axes(d.ndim)
+        self.total += d.sum(axis=axes)
+        self.squares += np.square(d).sum(axis=axes)
+        self.count += d.size // d.shape[1]
+        self.rows += d.shape[0]
+
+    def stats(self) -> dict[str, list[float]]:
+        """Mean and sample standard deviation (at least 1e-6; 1 from a single row) per channel."""
+        n = max(self.count, 1)
+        mean = self.total / n
+        var = np.maximum(self.squares / n - mean**2, 0.0) * n / max(n - 1, 1)
+        std = np.maximum(np.sqrt(var), 1e-6) if self.rows > 1 else np.ones_like(mean)
+        return {"mean": mean.tolist(), "std": std.tolist()}
+
+
+def tensor_stats(x: torch.Tensor) -> dict[str, list[float]]:
+    """Per-channel statistics of a float32 tensor held in memory, summed in the chunks a disk scan uses."""
+    m = Moments(x.shape[1])
+    for start in range(0, len(x), STATS_BATCH):
+        m.add(x[start : start + STATS_BATCH])
+    return m.stats()
+
+
+def standardise(x: torch.Tensor, stats: dict[str, list[float]] | None, axis: int) -> torch.Tensor:
+    """(x - mean) / std along `axis` (the channel or feature axis); x unchanged without stats."""
+    if stats is None:
+        return x
+    shape = [1] * x.dim()
+    shape[axis] = -1
+    mean = torch.tensor(stats["mean"], dtype=x.dtype).reshape(shape)
+    std = torch.tensor(stats["std"], dtype=x.dtype).reshape(shape)
+    return (x - mean) / std
+
+
+def normalise(bundle: DataBundle, spec: DataSpec) -> DataBundle:
+    """Check the rows read from disk (each once: unreadable ones skipped with data.skip_bad_files, else named)
+    and standardise every split with the training rows' statistics, the given ones (data.normalize), or none.
+    Token ids (text) are left as they are."""
+    from growpipe.data.bundle import Split
+
+    if bundle.kind == "text":
+        return bundle
+    names = [n for n in ("train", "val", "test") if getattr(bundle, n) is not None]
+    seen: dict[str, dict[str, list[float]]] = {}
+    for n in names:
+        split = getattr(bundle, n)
+        if split.streamed:
+            seen[n], bad = split.x.scan(spec.skip_bad_files)
+            if bad:
+                keep = torch.from_numpy(np.setdiff1d(np.arange(len(split)), bad))
+                setattr(bundle, n, Split(split.x.take(keep.numpy()), split.y[keep], augment=split.augment))
+                bundle.notes.append(f"{n}: skipped {len(bad)} unreadable image(s) (data.skip_bad_files)")
+    train = bundle.train
+    if train.streamed:
+        for n in names:
+            getattr(bundle, n).x.pixels = train.x.pixels  # integer pixels are pixels in every split
+    stats = _chosen_stats(train, seen.get("train"), spec, bundle.name)
+    for n in names:
+        split = getattr(bundle, n)
+        if split.streamed:
+            split.x.stats = stats
+        else:
+            setattr(bundle, n, Split(standardise(split.x, stats, 1), split.y, split.side, split.augment))
+    bundle.normalize = stats
+    return bundle
+
+
+def _chosen_stats(train: Split, scanned: dict[str, list[float]] | None, spec: DataSpec,
+                  name: str) -> dict[str, list[float]] | None:  # fmt: skip
+    norm = spec.normalize
+    if norm == "none":
+        return None
+    if norm == "train":
+        return scanned if scanned is not None else tensor_stats(train.x)
+    count = train.shape[0]
+    if len(norm.mean) != count:
+        raise DataError(f"data.normalize: {len(norm.mean)} mean/std value(s) given but {name} has {count} "
+                        f"{'channels' if len(train.shape) == 3 else 'features'}; give one per channel")  # fmt: skip
+    return {"mean": list(norm.mean), "std": list(norm.std)}

@@ -1,0 +1,106 @@
+"""Sequence models: pretrained word vectors and the seeds' text-model settings."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+import torch
+
+from growpipe.data.text import Vocab
+from growpipe.errors import DataError
+from growpipe.nn.word_vectors import read_word_vectors
+from tests.conftest import tiny_config
+
+VOCAB = Vocab(["ball", "goal", "cpu", "church"])
+
+
+def _vectors(path: Path, lines: list[str]) -> Path:
+    text = "".join(line + "\n" for line in lines)
+    if path.suffix == ".gz":
+        with gzip.open(path, "wt") as fh:
+            fh.write(text)
+    else:
+        path.write_text(text)
+    return path
+
+
+def test_word_vectors_fill_the_vocabulary_words_they_hold_and_bad_files_are_named(tmp_path: Path):
+    lines = ["ball 1 2 3", "cpu -1 0.5 0", "zebra 9 9 9", "ball 7 7 7"]
+    for name, header in (("glove.txt", []), ("w2v.txt.gz", ["3 3"])):
+        matrix, found = read_word_vectors(_vectors(tmp_path / name, header + lines), VOCAB, 3)
+        assert found == 2 and matrix.shape == (len(VOCAB), 3)
+        assert matrix[VOCAB.stoi["ball"]].tolist() == [1, 2, 3]  # the first vector of a repeated word
+        assert matrix[VOCAB.stoi["cpu"]].tolist() == [-1, 0.5, 0]
+        assert matrix[0].abs().sum() == 0 and matrix[VOCAB.stoi["goal"]].abs().sum() > 0  # <pad>; random rest
+
+    with pytest.raises(DataError, match=r"wrong.txt line 2 has 2 values but net.embed_dim is 3; set net.embed_dim"):
+        read_word_vectors(_vectors(tmp_path / "wrong.txt", ["ball 1 2 3", "cpu 1 2"]), VOCAB, 3)
+    with pytest.raises(DataError, match=r"bad.txt line 1 holds a value that is not a number"):
+        read_word_vectors(_vectors(tmp_path / "bad.txt", ["ball 1 x 3"]), VOCAB, 3)
+    with pytest.raises(DataError, match=r"empty.txt holds no vectors"):
+        read_word_vectors(_vectors(tmp_path / "empty.txt", []), VOCAB, 3)
+    with pytest.raises(DataError, match=r"nowhere.txt does not exist; give a GloVe/word2vec"):
+        read_word_vectors(tmp_path / "nowhere.txt", VOCAB, 3)
+    with pytest.raises(Exception, match="word_vectors is for text backbones"):
+        tiny_config(net={"word_vectors": str(tmp_path / "glove.txt")})
+
+
+def test_frozen_pretrained_embeddings_stay_as_loaded_while_the_net_trains(tmp_path: Path, text_dir: Path):
+    from growpipe.local import train_local
+
+    words = ["ball", "goal", "team", "cpu", "disk", "god", "church"]
+    path = _vectors(tmp_path / "v.txt", [f"{w} " + " ".join(str(i + j / 10) for j in range(8)) for i, w in
+                                         enumerate(words)])  # fmt: skip
+    net = {"backbone": "transformer", "width": 16, "heads": 2, "embed_dim": 8, "word_vectors": str(path),
+           "freeze_embeddings": True, "positions": "none", "final_norm": True, "ff_width": 16}  # fmt: skip
+    cfg = tiny_config(method="scpl", data={"name": f"parquet:{text_dir}", "max_len": 16, "batch_size": 20}, net=net)
+    trainer = train_local(cfg, progress=None)
+    embed = trainer.net.blocks[0].modules["f"].embed
+    vocab = trainer.bundle.vocab
+    for i, w in enumerate(words):
+        assert embed.weight[vocab.stoi[w]].tolist() == pytest.approx([i + j / 10 for j in range(8)])
+    assert not embed.weight.requires_grad and trainer.net.blocks[1].steps > 0
+    assert any("word vectors for 7 of" in n and "v.txt" in n for n in trainer.bundle.notes)
+    layer = trainer.net.blocks[1].modules["f"]
+    assert isinstance(layer.norm, torch.nn.LayerNorm) and layer.layers[0].linear1.out_features == 16
+
+
+SEED_SETUPS = {  # config -> (text column, split names, extra columns) as the Hub datasets have them
+    "agnews": ("text", ("train", "test"), {}),
+    "dbpedia": ("content", ("train", "test"), {"title": "a title"}),
+    "imdb": ("text", ("train", "test", "unsupervised"), {}),
+    "sst2": ("sentence", ("train", "validation", "test"), {"idx": 0}),
+}
+
+
+@pytest.mark.parametrize("setup", sorted(SEED_SETUPS))
+def test_the_seeds_text_setups_train_from_data_in_the_hub_layout(setup: str, tmp_path: Path):
+    import datasets
+
+    from growpipe.config import load_config
+    from growpipe.local import train_local
+    from tests.conftest import REPO, text_frames
+
+    column, splits, extra = SEED_SETUPS[setup]
+    train, test = text_frames(36, 12)
+    parts = {}
+    for split in splits:
+        frame = train if split == "train" else test
+        labels = [-1] * len(frame) if setup == "sst2" and split == "test" else frame["label"].tolist()  # hidden
+        parts[split] = datasets.Dataset.from_dict({column: frame["text"].tolist(), "label": labels,
+                                                   **{k: [v] * len(frame) for k, v in extra.items()}})  # fmt: skip
+    datasets.DatasetDict(parts).save_to_disk(str(tmp_path / setup))
+    small = ["net.width=12", "net.heads=2", "net.embed_dim=12", "net.ff_width=12", "net.blocks=2",
+             "scpl.classifier_hidden=8", "train.epochs=1", "tracking.mlflow=false",
+             "checkpoint.enabled=false"]  # fmt: skip
+    cfg = load_config(REPO / "configs" / f"{setup}-scpl.yaml", [f"data.name=hf:{tmp_path / setup}", *small])
+    summary = train_local(cfg, progress=None).summary()
+    assert summary["blocks"] == 2 and 0.0 <= summary["test_accuracy"] <= 1.0
+    if setup == "sst2":  # the hidden test labels would be refused; a split that is not there is named
+        from growpipe.data import load_data
+
+        with pytest.raises(DataError, match=r"data.test_split: .* has no split 'dev' \(it has train, validation"):
+            load_data(load_config(REPO / "configs" / "sst2-scpl.yaml",
+                                  [f"data.name=hf:{tmp_path / setup}", "data.test_split=dev"]).data)  # fmt: skip
