@@ -1,8 +1,10 @@
 """Text-model ablation: each deviation of growpipe's sequence models from the seeds' code, one at a time and
-together, on the 20 Newsgroups transformer suite of `bench compare` (reference trainer, same seed).
+together, on the 20 Newsgroups transformer suite of `bench compare` (reference trainer, same seed). Later
+overrides win, so each variant states every setting it depends on.
 
     .venv/bin/python bench/text_ablation.py --json-out bench/out/text-ablation.json
     .venv/bin/python bench/text_ablation.py --variants shipped,identity --methods bp,scpl --ks 2
+    .venv/bin/python bench/text_ablation.py --runs shipped/bp,seeds/scpl   # just these (variant/method)
     .venv/bin/python bench/text_ablation.py --quick        # 640 documents, 2 epochs: a smoke run
 
 Prints a Markdown table (accuracy of the full path and of every exit, seconds) and writes JSON.
@@ -25,17 +27,26 @@ from growpipe.config import load_config  # noqa: E402
 from growpipe.fsutil import atomic_write_json  # noqa: E402
 from growpipe.local import train_local  # noqa: E402
 
+# Before issue 18: N(0, 1) token and position vectors, no final LayerNorm, feed-forward 4 x 64, an MLP
+# projector and a linear classifier. Each variant changes that starting point; "now" is what the suite
+# runs today (growpipe's defaults plus the suite's overrides in bench/compare.py): the seeds' heads and
+# feed-forward width, embeddings at std 0.02, learned positions, no final LayerNorm.
+BEFORE = ("net.embed_init_std=1.0", "net.positions=learned", "net.final_norm=false", "net.ff_width=256",
+          "scpl.projector=mlp", "scpl.classifier=linear")  # fmt: skip
 SEEDS = ("scpl.projector=identity", "net.positions=none", "net.final_norm=true", "net.ff_width=64",
          "scpl.classifier=mlp")  # fmt: skip
 VARIANTS: dict[str, tuple[str, ...]] = {
-    "shipped": (),
-    "identity": ("scpl.projector=identity",),
-    "init0.02": ("net.embed_init_std=0.02",),
-    "nopos": ("net.positions=none",),
-    "finalnorm": ("net.final_norm=true",),
-    "mlpcls": ("scpl.classifier=mlp",),
-    "seeds": SEEDS,
-    "seeds+init0.02": (*SEEDS, "net.embed_init_std=0.02"),
+    "shipped": BEFORE,
+    "identity": (*BEFORE, "scpl.projector=identity"),
+    "init0.02": (*BEFORE, "net.embed_init_std=0.02"),
+    "nopos": (*BEFORE, "net.positions=none"),
+    "finalnorm": (*BEFORE, "net.final_norm=true"),
+    "mlpcls": (*BEFORE, "scpl.classifier=mlp"),
+    "seeds": (*BEFORE, *SEEDS),
+    "seeds+init0.02": (*BEFORE, *SEEDS, "net.embed_init_std=0.02"),
+    "now": (),
+    "seeds+init0.02-finalnorm": (*BEFORE, *SEEDS, "net.embed_init_std=0.02", "net.final_norm=false"),
+    "seeds+init0.02+positions": (*BEFORE, *SEEDS, "net.embed_init_std=0.02", "net.positions=learned"),
 }
 
 
@@ -54,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of: {', '.join(VARIANTS)}")
     ap.add_argument("--methods", default="bp,al,scpl,dascpl", help="comma-separated rules")
     ap.add_argument("--ks", default="2", help="comma-separated block counts K")
+    ap.add_argument("--runs", help="comma-separated variant/method pairs instead of every variant x method")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="config override applied to every run")  # fmt: skip
     ap.add_argument("--quick", action="store_true", help="the compare suite's quick sizes")
@@ -61,21 +73,23 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     suite = SUITES["20newsgroups"]
     base = list(suite.quick if args.quick else suite.overrides) + args.overrides
-    unknown = [v for v in args.variants.split(",") if v not in VARIANTS]
+    if args.runs:
+        pairs = [tuple(r.split("/", 1)) for r in args.runs.split(",")]
+    else:
+        pairs = [(v, m) for v in args.variants.split(",") for m in args.methods.split(",")]
+    unknown = [v for v, _ in pairs if v not in VARIANTS]
     if unknown:
-        ap.error(f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
+        ap.error(f"unknown variant(s) {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
     rows = []
     print("| variant | method | K | test acc | per exit | s |\n| --- | --- | --- | --- | --- | --- |", flush=True)
-    for variant in args.variants.split(","):
+    for variant, method in pairs:
         for k in map(int, args.ks.split(",")):
-            for method in args.methods.split(","):
-                extra = [o for o in VARIANTS[variant] if method != "bp" or not o.startswith("scpl.")]
-                row = {"variant": variant, "method": method, "k": k, "overrides": extra,
-                       **run(method, k, base + extra)}  # fmt: skip
-                rows.append(row)
-                exits = ", ".join(f"{a:.3f}" for a in row["exit_accuracy"])
-                print(f"| {variant} | {method} | {k} | {row['test_accuracy']:.4f} | {exits} | {row['seconds']} |",
-                      flush=True)  # fmt: skip
+            extra = [o for o in VARIANTS[variant] if method != "bp" or not o.startswith("scpl.")]
+            row = {"variant": variant, "method": method, "k": k, "overrides": extra, **run(method, k, base + extra)}
+            rows.append(row)
+            exits = ", ".join(f"{a:.3f}" for a in row["exit_accuracy"])
+            print(f"| {variant} | {method} | {k} | {row['test_accuracy']:.4f} | {exits} | {row['seconds']} |",
+                  flush=True)  # fmt: skip
     if args.json_out:
         atomic_write_json(args.json_out, {"base": base, "rows": rows})
         print(f"JSON: {args.json_out}")

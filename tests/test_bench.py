@@ -38,6 +38,23 @@ def test_reference_benchmark_quick(tmp_path: Path, capsys: pytest.CaptureFixture
     assert all(0 <= r["test_accuracy"] <= 1 and r["seconds_per_epoch"] > 0 for r in rows)
 
 
+def test_text_ablation_quick_runs_a_variant(tmp_path: Path):
+    out = tmp_path / "text.json"
+    _run_bench("text_ablation", ["--quick", "--runs", "seeds/scpl", "--set", "data.limit_train=200",
+                                 "--set", "train.epochs=1", "--json-out", str(out)])  # fmt: skip
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["variant"] == "seeds" and "net.final_norm=true" in row["overrides"] and 0 <= row["test_accuracy"] <= 1
+
+
+def test_lstm_speed_quick_times_packed_and_padded(tmp_path: Path, text_dir: Path):
+    out = tmp_path / "lstm.json"
+    _run_bench("lstm_speed", ["--quick", "--data", f"parquet:{text_dir}", "--threads", "1", "--hidden", "16",
+                              "--json-out", str(out)])  # fmt: skip
+    rows = json.loads(out.read_text())["rows"]
+    assert {(r["max_len"], r["packed"]) for r in rows} == {(32, True), (32, False), (64, True), (64, False)}
+    assert all(r["samples_per_second"] > 0 and 0 < r["real_token_fraction"] <= 1 for r in rows)
+
+
 @pytest.mark.usefixtures("ray_session")
 def test_pipeline_benchmark_quick_writes_every_key(tmp_path: Path):
     out = tmp_path / "pipeline.json"

@@ -16,6 +16,24 @@ def test_association_loss_is_mean_squared_norm():
     t = torch.tensor([[0.0, 1.0], [0.5, 0.0], [0.0, 0.0]])
     direct = ((0.1**2 + 0.1**2) + (0.0 + 0.5**2) + (1.0**2 + 0.0)) / 3
     assert math.isclose(association_loss(b, t).item(), direct, rel_tol=1e-6)
+    assert math.isclose(association_loss(b, t, "mean").item(), direct / 2, rel_tol=1e-6)  # the seeds' MSELoss
+
+
+def test_al_blocks_take_the_seeds_activations_and_decoders_when_asked():
+    from growpipe.nn.methods.al import ALBlock
+    from growpipe.nn.net import GrowableNet
+    from growpipe.nn.specs import InputInfo
+
+    info = InputInfo(shape=(1, 8, 8), dtype="float", num_classes=10)
+    seeds = {"activation": "tanh", "decoder_activation": False, "loss_reduction": "mean", "label_lr_scale": 1}
+    for al, act, top_decoder in (({}, torch.nn.Sigmoid, torch.nn.Sequential), (seeds, torch.nn.Tanh, torch.nn.Linear)):
+        cfg = tiny_config(method="al", al=al)
+        net = GrowableNet.build(cfg.rule(), cfg.net, info)
+        first, second = net.blocks
+        assert isinstance(first, ALBlock) and isinstance(first.modules["b"][1], act)
+        assert isinstance(first.modules["g"][1], act) and isinstance(second.modules["h"], top_decoder)
+        rates = [g["lr"] for g in second.optimizers["gh"].param_groups]
+        assert rates == [cfg.train.lr * cfg.al.label_lr_scale]
 
 
 def test_autoencoder_loss_cross_entropy_on_first_block_squared_error_above():
@@ -66,7 +84,7 @@ def test_al_block_reports_the_losses_its_modules_give():
     m = block.modules
     with torch.no_grad():
         m.train()
-        s, mask = block.encode(p)
+        s, mask, _ = block.encode(p)
         t = m["g"](F.one_hot(p.y, 10).float())
         assoc = ((m["b"](head_features(s, mask)) - t) ** 2).sum(1).mean().item()
         ae = F.cross_entropy(m["h"](t), p.y).item()

@@ -10,6 +10,7 @@ import torch
 
 from growpipe.data.text import Vocab
 from growpipe.errors import DataError
+from growpipe.nn.packet import Packet
 from growpipe.nn.word_vectors import read_word_vectors
 from tests.conftest import tiny_config
 
@@ -104,3 +105,93 @@ def test_the_seeds_text_setups_train_from_data_in_the_hub_layout(setup: str, tmp
         with pytest.raises(DataError, match=r"data.test_split: .* has no split 'dev' \(it has train, validation"):
             load_data(load_config(REPO / "configs" / "sst2-scpl.yaml",
                                   [f"data.name=hf:{tmp_path / setup}", "data.test_split=dev"]).data)  # fmt: skip
+
+
+def test_lstm_last_pooling_is_the_final_hidden_state_of_both_directions():
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    from growpipe.nn.backbones import LSTMEncoder
+
+    torch.manual_seed(0)
+    enc = LSTMEncoder(5, 4, 1, 0.0, pooling="last")
+    x = torch.randn(3, 6, 5)
+    mask = torch.arange(6).unsqueeze(0) < torch.tensor([[6], [2], [4]])
+    s, _ = enc(x, mask)
+    _, (h, _) = enc.lstm(pack_padded_sequence(x, mask.sum(1), batch_first=True, enforce_sorted=False))
+    assert torch.allclose(enc.pool(s, mask), (h[-2] + h[-1]) / 2, atol=1e-6)
+    assert LSTMEncoder(5, 4, 1, 0.0).pool(s, mask).shape == (3, 8)  # mean: both directions side by side
+
+
+def _lstm_config(text_dir: Path, **net):
+    data = {"name": f"parquet:{text_dir}", "max_len": 16, "batch_size": 20}
+    return tiny_config(method="dascpl", threads=1, data=data, train={"epochs": 2},
+                       net={"backbone": "lstm", "blocks": 3, "width": 8, "embed_dim": 8, **net})  # fmt: skip
+
+
+def test_lstm_blocks_hand_their_final_state_on_when_asked(text_dir: Path):
+    from growpipe.local import train_local
+
+    trained = train_local(_lstm_config(text_dir, lstm_state=True, lstm_pooling="last"), progress=None).net
+    b1, b2 = trained.blocks[1], trained.blocks[2]
+    x = torch.randint(2, trained.blocks[0].modules["f"].embed.num_embeddings, (4, 16))
+    out0 = trained.blocks[0].forward(Packet(x=x))
+    out1 = b1.forward(out0)
+    assert set(out1.side) == {"lstm.h", "lstm.c"} and out1.side["lstm.h"].shape == (4, 2, 8)
+    assert "lstm.h" not in out0.side  # the input packet's side is left as it was
+    with_state = b2.forward(out1).x
+    without = b2.forward(Packet(x=out1.x, mask=out1.mask)).x
+    assert not torch.allclose(with_state, without)  # block 2 starts from block 1's final (h, c)
+    plain = train_local(_lstm_config(text_dir), progress=None).net
+    assert plain.blocks[1].forward(out0).side == {}
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_lstm_with_state_and_last_pooling_on_ray_matches_the_reference(text_dir: Path):
+    from growpipe.local import train_local
+    from growpipe.runtime.pipeline import Pipeline
+    from tests.test_runtime import _assert_same_weights
+
+    cfg = _lstm_config(text_dir, lstm_state=True, lstm_pooling="last")
+    reference = train_local(cfg, progress=None)
+    with Pipeline(cfg) as p:
+        p.train(progress=None)
+        net = p.final_net()
+    _assert_same_weights(reference.net, net, atol=1e-6)
+
+
+def test_a_sequence_feature_block_appends_its_tokens_after_the_real_ones():
+    from growpipe.nn.backbones import SequenceFeatureEncoder, TransformerEncoder
+
+    torch.manual_seed(0)
+    enc = SequenceFeatureEncoder(4, "chunk2", 10, 4, 0.02, TransformerEncoder(4, 4, 2, 1, 0.0))
+    x = torch.randn(2, 3, 4)
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    g = torch.tensor([[5, 0], [6, 7]])
+    s, joined = enc(x, mask, {"chunk2": g})
+    assert joined.tolist() == [[True, True, True, False, False], [True, True, True, False, False]]
+    assert s.shape == (2, 5, 4)
+
+
+@pytest.mark.usefixtures("ray_session")
+@pytest.mark.parametrize("join", ["pooled", "sequence"])
+def test_text_feature_growth_on_ray_matches_the_reference(join: str, text_dir: Path):
+    from growpipe.local import train_local
+    from growpipe.runtime.pipeline import Pipeline
+    from tests.test_runtime import _assert_same_weights
+
+    cfg = tiny_config(
+        method="scpl",
+        threads=1,  # the actors' thread count: the same float reductions as the stages
+        data={"name": f"parquet:{text_dir}", "max_len": 16, "batch_size": 20,
+              "feature_groups": {"scheme": "chunks", "count": 2, "base": 1}},
+        net={"backbone": "transformer", "blocks": 2, "width": 8, "heads": 2, "embed_dim": 8, "feature_join": join},
+        train={"epochs": 1},
+        grow={"schedule": [{"kind": "feature", "group": "chunk1", "epochs": 1}], "cache": {"enabled": False}},
+    )  # fmt: skip
+    reference = train_local(cfg, progress=None)
+    with Pipeline(cfg) as p:
+        result = p.train(progress=None)
+        net = p.final_net()
+    _assert_same_weights(reference.net, net, atol=1e-6)
+    family = net.blocks[2].spec.encoder.family
+    assert result["blocks"] == 3 and family == ("seqfeature" if join == "sequence" else "feature")

@@ -20,7 +20,6 @@ import torch.nn.functional as F
 
 from growpipe.config import RunConfig
 from growpipe.errors import ConfigError
-from growpipe.nn.backbones import head_features
 from growpipe.nn.packet import Packet
 
 ADAM_COPIES = 4
@@ -167,7 +166,7 @@ def _step(block: Any, p: Packet, cfg: RunConfig) -> list[Packet]:
     for part in micro_slices(p.batch_size, micro):  # contiguous, in order: the outputs concatenate back
         out = block.forward_with_grad(_rows(p, torch.as_tensor(part, device=p.x.device)))
         if "cls" in block.modules:  # the last block: its classifier and loss, as the last stage runs them
-            loss = F.cross_entropy(block.modules["cls"](head_features(out.x, out.mask)), out.y)
+            loss = F.cross_entropy(block.modules["cls"](block.features(out.x, out.mask)), out.y)
         else:  # a stand-in loss: the backward from the output is what a stage runs
             loss = out.x.float().square().mean()
         loss.backward()

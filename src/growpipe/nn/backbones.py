@@ -43,10 +43,18 @@ def head_features(s: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
 
 
 class Encoder(nn.Module):
-    """Base: forward(x, mask, side) -> (s, mask)."""
+    """Base: forward(x, mask, side) -> (s, mask); pool(s, mask) -> what the block's local heads see."""
 
     def forward(self, x, mask=None, side=None):  # pragma: no cover - overridden
         raise NotImplementedError
+
+    def pool(self, s: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """(B, F) features of this encoder's output for the bridge, projector and classifiers."""
+        return head_features(s, mask)
+
+    def handoff(self) -> dict[str, torch.Tensor]:
+        """Side tensors the last forward passes on to the next block (detached, batch first); none here."""
+        return {}
 
 
 class MLPEncoder(Encoder):
@@ -166,22 +174,55 @@ class EmbeddingEncoder(Encoder):
 
 
 class LSTMEncoder(Encoder):
-    """Bidirectional LSTM over (B, T, D) -> (B, T, 2H); padded steps are skipped (packed sequences)."""
+    """Bidirectional LSTM over (B, T, D) -> (B, T, 2H); padded steps are skipped (packed sequences).
 
-    def __init__(self, in_features: int, hidden: int, layers: int, dropout: float):
+    Its heads see the masked mean of the outputs (pooling "mean"), or (pooling "last") the final hidden
+    state averaged over the two directions, (h_forward + h_backward) / 2, as the seeds' LSTM blocks do.
+    With `pass_state` it starts from the previous LSTM block's final (h, c) when their sizes match (the
+    seeds), and hands its own on (side tensors "lstm.h" / "lstm.c", detached). Unpacked (`packed` false) it
+    runs over the padded batch like the seeds: the backward direction then starts in the padding, and CPUs
+    use oneDNN's fused kernel (bench/RESULTS.md, "LSTM speed")."""
+
+    def __init__(self, in_features: int, hidden: int, layers: int, dropout: float, pooling: str = "mean",
+                 pass_state: bool = False, packed: bool = True):  # fmt: skip
         super().__init__()
+        self.packed = packed
         self.lstm = nn.LSTM(in_features, hidden, layers, batch_first=True, bidirectional=True)
         self.drop = nn.Dropout(dropout) if dropout else nn.Identity()
+        self.hidden = hidden
+        self.pooling = pooling
+        self.pass_state = pass_state
+        self._state: dict[str, torch.Tensor] = {}
+
+    def handoff(self) -> dict[str, torch.Tensor]:
+        return self._state
+
+    def pool(self, s: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        if self.pooling == "mean":
+            return masked_mean(s, mask)
+        last = (mask.sum(1).clamp_min(1) - 1) if mask is not None else torch.full((s.shape[0],), s.shape[1] - 1)
+        forward = s[torch.arange(s.shape[0], device=s.device), last.to(s.device), : self.hidden]
+        return (forward + s[:, 0, self.hidden :]) / 2  # the backward direction ends at the first token
 
     def forward(self, x, mask=None, side=None):
-        if mask is None:
-            out, _ = self.lstm(x)
+        start = self._start(side or {}, x.shape[0])
+        if mask is None or not self.packed:
+            out, (h, c) = self.lstm(x, start)
         else:
             lengths = mask.sum(1).clamp_min(1).cpu()
             packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
-            out, _ = self.lstm(packed)
+            out, (h, c) = self.lstm(packed, start)
             out, _ = pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
+        if self.pass_state:
+            self._state = {"lstm.h": h.detach().transpose(0, 1), "lstm.c": c.detach().transpose(0, 1)}
         return self.drop(out), mask
+
+    def _start(self, side: dict[str, torch.Tensor], batch: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        h, c = side.get("lstm.h"), side.get("lstm.c")
+        fits = h is not None and tuple(h.shape) == (batch, 2 * self.lstm.num_layers, self.hidden)
+        if not (self.pass_state and fits):
+            return None
+        return h.transpose(0, 1).contiguous(), c.transpose(0, 1).contiguous()
 
 
 class TransformerEncoder(Encoder):
@@ -230,6 +271,44 @@ class FeatureEncoder(Encoder):
         return self.merge(torch.cat([flat_features(x, mask), gf], dim=1)), None
 
 
+FEATURE_FAMILIES = ("feature", "seqfeature")
+"""Encoder families that read a side feature group (the data must send it along)."""
+
+
+class SequenceFeatureEncoder(Encoder):
+    """Feature accumulation on a sequence model, as seed 004 does it: the new group's tokens, embedded by
+    this block's own table, are appended to the sequence along the time axis, and the block's transformer
+    or LSTM runs over the joined sequence."""
+
+    def __init__(self, width: int, group: str, vocab: int, dim: int, init_std: float, body: Encoder):
+        super().__init__()
+        self.group = group
+        self.embed = nn.Embedding(vocab, dim, padding_idx=0)
+        with torch.no_grad():
+            nn.init.normal_(self.embed.weight, std=init_std)
+            self.embed.weight[0].zero_()
+        self.proj = nn.Linear(dim, width) if dim != width else nn.Identity()
+        self.body = body
+
+    def forward(self, x, mask=None, side=None):
+        if side is None or self.group not in side:
+            raise ShapeError(f"feature block needs side group {self.group!r} in the packet; the data must provide it")
+        g = side[self.group]
+        joined = torch.cat([x, self.proj(self.embed(g))], dim=1)
+        real = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if mask is None else mask
+        real = torch.cat([real, g != 0], dim=1)
+        # real tokens first, in order (the sequence's, then the group's), padding after: what packing expects
+        order = torch.sort((~real).to(torch.int8), dim=1, stable=True).indices
+        joined = joined.gather(1, order.unsqueeze(-1).expand_as(joined))
+        return self.body(joined, real.gather(1, order), side)
+
+    def pool(self, s: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        return self.body.pool(s, mask)
+
+    def handoff(self) -> dict[str, torch.Tensor]:
+        return self.body.handoff()
+
+
 def build_encoder(spec: EncoderSpec, info: InputInfo | None = None) -> Encoder:
     """Instantiate the encoder a spec describes (`info` supplies data-derived buffers such as the IDF)."""
     p, shape = spec.params, spec.in_shape
@@ -248,10 +327,15 @@ def build_encoder(spec: EncoderSpec, info: InputInfo | None = None) -> Encoder:
             enc.idf.copy_(info.idf[: p["vocab"]])
         return enc
     if fam == "lstm":
-        return LSTMEncoder(shape[-1], p["hidden"], p["layers"], p["dropout"])
+        return LSTMEncoder(shape[-1], p["hidden"], p["layers"], p["dropout"], p.get("pooling", "mean"),
+                           p.get("pass_state", False), p.get("packed", True))  # fmt: skip
     if fam == "transformer":
         return TransformerEncoder(shape[-1], p["d_model"], p["heads"], p["layers"], p["dropout"], p.get("ff_width"),
                                   p.get("final_norm", False))  # fmt: skip
+    if fam == "seqfeature":
+        inner = EncoderSpec(p["inner"], shape, "float", p["body"])
+        return SequenceFeatureEncoder(shape[-1], p["group"], p["vocab"], p["dim"], p["init_std"],
+                                      build_encoder(inner, info))  # fmt: skip
     if fam == "feature":
         return FeatureEncoder(
             _flat_size(shape),
@@ -343,7 +427,9 @@ def _block_encoder(net: NetSpec, info: InputInfo, i: int, shape, dtype) -> Encod
                   "pooling": pooling, "init_std": net.embed_init_std, "freeze": net.freeze_embeddings}  # fmt: skip
         return EncoderSpec("embedding", shape, dtype, params)
     if b == "lstm":
-        return EncoderSpec("lstm", shape, dtype, {"hidden": w, "layers": net.block_layers(i), "dropout": drop})
+        params = {"hidden": w, "layers": net.block_layers(i), "dropout": drop, "pooling": net.lstm_pooling,
+                  "pass_state": net.lstm_state, "packed": net.lstm_packed}  # fmt: skip
+        return EncoderSpec("lstm", shape, dtype, params)
     return EncoderSpec("transformer", shape, dtype, transformer_params(net, w, net.block_layers(i)))
 
 
@@ -351,6 +437,24 @@ def transformer_params(net: NetSpec, d_model: int, layers: int) -> dict[str, obj
     """What a transformer block's spec records: model width, heads, layers, dropout, ff width, final norm."""
     return {"d_model": d_model, "heads": net.heads, "layers": layers, "dropout": net.dropout,
             "ff_width": net.ff_width, "final_norm": net.final_norm}  # fmt: skip
+
+
+def _sequence_feature_encoder(net: NetSpec, shape: tuple[int, ...], step: GrowStep, side_dtype: str, width: int,
+                              info: InputInfo) -> EncoderSpec:  # fmt: skip
+    if len(shape) != 2 or side_dtype != "long" or net.backbone not in ("transformer", "lstm"):
+        raise ConfigError(f"grow: net.feature_join: sequence joins token groups to a transformer or LSTM's "
+                          f"sequence; here the last block gives {shape} and group {step.group!r} holds "
+                          f"{side_dtype} values: use feature_join: pooled, or text data with feature_groups.scheme: "
+                          "chunks")  # fmt: skip
+    if net.backbone == "transformer":
+        inner, body = "transformer", transformer_params(net, shape[-1], net.layers_per_block)
+    else:
+        inner = "lstm"
+        body = {"hidden": width, "layers": net.layers_per_block, "dropout": net.dropout, "pooling": net.lstm_pooling,
+                "pass_state": net.lstm_state, "packed": net.lstm_packed}  # fmt: skip
+    params = {"group": step.group, "vocab": info.vocab_size, "dim": net.embed_dim, "init_std": net.embed_init_std,
+              "inner": inner, "body": body}  # fmt: skip
+    return EncoderSpec("seqfeature", shape, "float", params)
 
 
 def growth_encoder(
@@ -363,6 +467,8 @@ def growth_encoder(
             known = ", ".join(info.side) or "none (set data.feature_groups)"
             raise ConfigError(f"grow: unknown feature group {step.group!r}; the data provides {known}")
         side_shape, side_dtype = info.side[step.group]
+        if net.feature_join == "sequence":
+            return _sequence_feature_encoder(net, shape, step, side_dtype, width, info)
         params = {
             "group": step.group,
             "side_shape": list(side_shape),
@@ -377,10 +483,12 @@ def growth_encoder(
         pool = min(shape[1], shape[2]) >= 2
         params = {"channels": channels, "layers": net.layers_per_block, "pool": pool, "dropout": net.dropout}
         return EncoderSpec("conv", shape, "float", params)
-    if len(shape) == 2 and last.family in ("lstm", "transformer", "embedding"):
+    if len(shape) == 2 and last.family in ("lstm", "transformer", "embedding", "seqfeature"):
         fam = "transformer" if last.family == "transformer" or net.backbone == "transformer" else "lstm"
         if fam == "lstm":
-            params = {"hidden": width, "layers": net.layers_per_block, "dropout": net.dropout}
+            params = {"hidden": width, "layers": net.layers_per_block, "dropout": net.dropout,
+                      "pooling": net.lstm_pooling, "pass_state": net.lstm_state,
+                      "packed": net.lstm_packed}  # fmt: skip
         else:
             params = transformer_params(net, shape[-1], net.layers_per_block)
         return EncoderSpec(fam, shape, "float", params)

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from growpipe.config import OptimSpec, RuleSettings
-from growpipe.nn.backbones import build_encoder, dummy_input, dummy_side, head_features, output_shape
+from growpipe.nn.backbones import build_encoder, dummy_input, dummy_side, output_shape
 from growpipe.nn.macs import count_macs
 from growpipe.nn.packet import Packet
 from growpipe.nn.specs import BlockSpec, InputInfo
@@ -82,16 +82,20 @@ class Block:
         with torch.no_grad():
             x = torch.zeros((2, *self.out_shape))
             mask = torch.ones(2, self.out_shape[0], dtype=torch.bool) if len(self.out_shape) == 2 else None
-            return int(head_features(x, mask).shape[1])
+            return int(self.features(x, mask).shape[1])
 
     @property
     def in_shape(self) -> tuple[int, ...]:
         return self.spec.encoder.in_shape
 
     # ---- the interface ------------------------------------------------------------------------------
-    def encode(self, p: Packet) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Run the encoder f on a packet: (features, mask)."""
-        return self.modules["f"](p.x, p.mask, p.side)
+    def encode(self, p: Packet) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
+        """Run the encoder f on a packet: (features, mask, the side tensors for the next block: the packet's
+        plus what f hands on, in a new dict so that `p` stays as it was)."""
+        f = self.modules["f"]
+        s, mask = f(p.x, p.mask, p.side)
+        handoff = f.handoff()
+        return s, mask, ({**p.side, **handoff} if handoff else p.side)
 
     def train_step(self, p: Packet) -> tuple[Packet, dict[str, float]]:
         """One local learning step on `p` (a frozen block only forwards); returns the detached output."""
@@ -111,8 +115,8 @@ class Block:
     def forward(self, p: Packet) -> Packet:
         """The block's output packet, without learning (eval mode)."""
         self.modules.eval()
-        s, mask = self.encode(p)
-        return Packet(x=s, y=p.y, t=self._forward_code(p), mask=mask, side=p.side, index=p.index)
+        s, mask, side = self.encode(p)
+        return Packet(x=s, y=p.y, t=self._forward_code(p), mask=mask, side=side, index=p.index)
 
     def _forward_code(self, p: Packet) -> torch.Tensor | None:
         """The label code passed on by forward (AL only)."""
@@ -125,7 +129,11 @@ class Block:
         """
         if "cls" not in self.modules:
             return None
-        return self.modules["cls"](head_features(out.x, out.mask))
+        return self.modules["cls"](self.features(out.x, out.mask))
+
+    def features(self, s: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """What this block's local heads see of its output (the encoder's pooling)."""
+        return self.modules["f"].pool(s, mask)
 
     def decode(self, code: torch.Tensor) -> torch.Tensor:
         """Map a code from this block's label space to the one below (AL)."""

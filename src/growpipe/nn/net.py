@@ -8,7 +8,7 @@ import torch
 
 from growpipe.config import GrowStep, NetSpec, RuleSettings
 from growpipe.errors import ShapeError
-from growpipe.nn.backbones import growth_encoder, output_shape, plan_encoders
+from growpipe.nn.backbones import FEATURE_FAMILIES, growth_encoder, output_shape, plan_encoders
 from growpipe.nn.block import Block
 from growpipe.nn.methods import RULES, build_block
 from growpipe.nn.methods.bp import train_chain
@@ -119,7 +119,7 @@ class GrowableNet:
 
     def side_groups(self) -> tuple[str, ...]:
         """Side feature groups some block reads."""
-        return tuple(b.spec.encoder.params["group"] for b in self.blocks if b.spec.encoder.family == "feature")
+        return tuple(b.spec.encoder.params["group"] for b in self.blocks if b.spec.encoder.family in FEATURE_FAMILIES)
 
     # ---- training ------------------------------------------------------------------------------------
     def train_step(self, p: Packet) -> dict[str, float]:

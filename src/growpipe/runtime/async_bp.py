@@ -27,7 +27,6 @@ from torch.func import functional_call
 
 from growpipe.config import RunConfig
 from growpipe.errors import ConfigError, StageError
-from growpipe.nn.backbones import head_features
 from growpipe.nn.packet import Packet
 from growpipe.runtime.bp_stage import BPStage, busy
 
@@ -40,9 +39,11 @@ class _Encode(nn.Module):
         self.m = modules
         self.last = last
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, side: dict) -> tuple[Any, Any, Any]:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, side: dict) -> tuple[Any, Any, Any, dict]:
         s, mask = self.m["f"](x, mask, side)
-        return s, mask, (self.m["cls"](head_features(s, mask)) if self.last else None)
+        handoff = self.m["f"].handoff()
+        side = {**side, **handoff} if handoff else side
+        return s, mask, (self.m["cls"](self.m["f"].pool(s, mask)) if self.last else None), side
 
 
 def next_step(opt: torch.optim.Optimizer, p: torch.Tensor) -> torch.Tensor:
@@ -102,11 +103,12 @@ class AsyncBPStage(BPStage):
             p = upstream.to(self.device)
             x_in = p.x.detach().requires_grad_(p.x.is_floating_point())
         x = p.x if x_in is None else x_in
-        s, mask, logits = functional_call(self.wrapped, {f"m.{n}": w for n, w in weights.items()}, (x, p.mask, p.side))
+        s, mask, logits, side = functional_call(self.wrapped, {f"m.{n}": w for n, w in weights.items()},
+                                                (x, p.mask, p.side))  # fmt: skip
         result = F.cross_entropy(logits, p.y) if self.last else s
         self.saved[batch] = (x_in, result, weights)
         self.stats.samples += len(p.y)
-        return None if self.last else Packet(x=s.detach(), y=p.y, mask=mask, side=p.side, index=batch)
+        return None if self.last else Packet(x=s.detach(), y=p.y, mask=mask, side=side, index=batch)
 
     @busy
     def backward(self, batch: int, grad: torch.Tensor | None) -> torch.Tensor | None:  # type: ignore[override]

@@ -22,7 +22,6 @@ from growpipe.config import RunConfig
 from growpipe.data.bundle import batch_order
 from growpipe.errors import StageError
 from growpipe.loop.stats import StageStats
-from growpipe.nn.backbones import head_features
 from growpipe.nn.methods.bp import BPBlock
 from growpipe.nn.packet import Packet
 from growpipe.nn.specs import BlockSpec, InputInfo
@@ -102,7 +101,7 @@ class BPStage(StageBase):
         if block.frozen:
             return None
         if self.last:
-            logits = block.modules["cls"](head_features(out.x, out.mask))
+            logits = block.modules["cls"](block.features(out.x, out.mask))
             loss = F.cross_entropy(logits, out.y) * share  # shares sum to 1: the mini-batch's mean loss
             loss.backward()
             self.loss_sum += float(loss.detach())

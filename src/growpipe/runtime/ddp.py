@@ -24,7 +24,6 @@ from growpipe.config import RunConfig, build_config
 from growpipe.errors import PipelineError
 from growpipe.loop.engine import EpochPart, Poll, Prepared, WorkerLost
 from growpipe.loop.stats import StageStats
-from growpipe.nn.backbones import head_features
 from growpipe.nn.net import GrowableNet
 from growpipe.nn.specs import BlockSpec, InputInfo
 
@@ -48,7 +47,8 @@ class Chain(nn.Module):
                     x, mask = f(x, mask, side)
             else:
                 x, mask = f(x, mask, side)
-        return self.head(head_features(x, mask))
+            side = {**side, **f.handoff()}  # e.g. an LSTM block's final state for the next (net.lstm_state)
+        return self.head(self.encoders[-1].pool(x, mask))
 
 
 class Replica:

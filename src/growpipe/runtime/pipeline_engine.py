@@ -20,6 +20,7 @@ from growpipe.errors import PipelineError
 from growpipe.loop.engine import EpochPart, Poll, Prepared
 from growpipe.loop.policies import pack_host
 from growpipe.loop.topology import Layout, TopologyView
+from growpipe.nn.backbones import FEATURE_FAMILIES
 from growpipe.nn.specs import BlockSpec
 from growpipe.runtime.stage import Stage
 from growpipe.runtime.stage_engine import Slot, StageEngine
@@ -106,7 +107,7 @@ class PipelineEngine(StageEngine):
 
     def _side_groups(self) -> tuple[str, ...]:
         return tuple(
-            s.spec.encoder.params["group"] for s in self.slots if s.spec and s.spec.encoder.family == "feature"
+            s.spec.encoder.params["group"] for s in self.slots if s.spec and s.spec.encoder.family in FEATURE_FAMILIES
         )
 
     # ---- growth ---------------------------------------------------------------------------------------

@@ -14,28 +14,32 @@ import torch.nn.functional as F
 from torch import nn
 
 from growpipe.config import RuleSettings
-from growpipe.nn.backbones import head_features
 from growpipe.nn.block import Block, make_optimizer
 from growpipe.nn.macs import count_macs
 from growpipe.nn.packet import Packet
 from growpipe.nn.specs import BlockSpec, InputInfo
 
 
-def squared_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """||a - b||^2 per sample, averaged over the batch."""
-    return (a - b).pow(2).sum(dim=1).mean()
+def squared_distance(a: torch.Tensor, b: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
+    """||a - b||^2 per sample averaged over the batch ("sum"), or the mean over every element ("mean")."""
+    d = (a - b).pow(2)
+    return d.sum(dim=1).mean() if reduction == "sum" else d.mean()
 
 
-def association_loss(bridged: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+def association_loss(bridged: torch.Tensor, t: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
     """||b(s_i) - t_i||^2 with t_i detached (batch mean): pulls the features' bridge onto the label code."""
-    return squared_distance(bridged, t.detach())
+    return squared_distance(bridged, t.detach(), reduction)
 
 
-def autoencoder_loss(recon: torch.Tensor, t_prev: torch.Tensor, y: torch.Tensor, first: bool) -> torch.Tensor:
+def autoencoder_loss(recon: torch.Tensor, t_prev: torch.Tensor, y: torch.Tensor, first: bool,
+                     reduction: str = "sum") -> torch.Tensor:  # fmt: skip
     """Reconstruction of t_{i-1} from t_i: cross-entropy against the class on block 1, ||.||^2 above."""
     if first:
         return F.cross_entropy(recon, y)
-    return squared_distance(recon, t_prev.detach())
+    return squared_distance(recon, t_prev.detach(), reduction)
+
+
+ACTIVATIONS = {"sigmoid": nn.Sigmoid, "tanh": nn.Tanh}
 
 
 class ALBlock(Block):
@@ -54,10 +58,12 @@ class ALBlock(Block):
             )
         else:
             bridge = nn.Linear(self.head_dim, code)
-        self.modules["b"] = nn.Sequential(bridge, nn.Sigmoid())
-        self.modules["g"] = nn.Sequential(nn.Linear(label_in, code), nn.Sigmoid())
+        act = ACTIVATIONS[rule.al.activation]
+        self.reduction = rule.al.loss_reduction
+        self.modules["b"] = nn.Sequential(bridge, act())
+        self.modules["g"] = nn.Sequential(nn.Linear(label_in, code), act())
         decoder = nn.Linear(code, label_in)
-        self.modules["h"] = decoder if self.first else nn.Sequential(decoder, nn.Sigmoid())
+        self.modules["h"] = nn.Sequential(decoder, act()) if rule.al.decoder_activation and not self.first else decoder
         m = self.modules
         self.optimizers = {
             "fb": make_optimizer([*m["f"].parameters(), *m["b"].parameters()], rule.optim),
@@ -76,17 +82,17 @@ class ALBlock(Block):
 
     def local_step(self, p: Packet) -> tuple[Packet, dict[str, float]]:
         m = self.modules
-        s, mask = self.encode(p)
+        s, mask, side = self.encode(p)
         t_prev = self.label_input(p)
         t = m["g"](t_prev)
-        assoc = association_loss(m["b"](head_features(s, mask)), t)
-        ae = autoencoder_loss(m["h"](t), t_prev, p.y, self.first)
+        assoc = association_loss(m["b"](self.features(s, mask)), t, self.reduction)
+        ae = autoencoder_loss(m["h"](t), t_prev, p.y, self.first, self.reduction)
         for opt in self.optimizers.values():
             opt.zero_grad(set_to_none=True)
         (assoc + ae).backward()  # disjoint parameter sets: f+b get only assoc, g+h only ae
         for opt in self.optimizers.values():
             opt.step()
-        out = Packet(x=s.detach(), y=p.y, t=t.detach(), mask=mask, side=p.side, index=p.index)
+        out = Packet(x=s.detach(), y=p.y, t=t.detach(), mask=mask, side=side, index=p.index)
         return out, {"assoc": assoc.item(), "ae": ae.item()}
 
     def _forward_code(self, p: Packet) -> torch.Tensor | None:
@@ -96,7 +102,7 @@ class ALBlock(Block):
 
     def exit(self, out: Packet) -> torch.Tensor:
         m = self.modules
-        return m["h"](m["b"](head_features(out.x, out.mask)))
+        return m["h"](m["b"](self.features(out.x, out.mask)))
 
     def decode(self, code: torch.Tensor) -> torch.Tensor:
         return self.modules["h"](code)

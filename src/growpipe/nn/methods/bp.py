@@ -10,7 +10,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from growpipe.config import RuleSettings
-from growpipe.nn.backbones import head_features
 from growpipe.nn.block import Block, block_seed, make_optimizer, seeded
 from growpipe.nn.packet import Packet
 from growpipe.nn.specs import BlockSpec, InputInfo
@@ -26,8 +25,8 @@ class BPBlock(Block):
     def forward_with_grad(self, p: Packet) -> Packet:
         """Forward in train mode keeping the autograd graph (for end-to-end training)."""
         self.modules.train()
-        s, mask = self.encode(p)
-        return Packet(x=s, y=p.y, mask=mask, side=p.side, index=p.index)
+        s, mask, side = self.encode(p)
+        return Packet(x=s, y=p.y, mask=mask, side=side, index=p.index)
 
     def train_step(self, p: Packet) -> tuple[Packet, dict[str, float]]:
         """A block trained alone end to end (the only trainable block of its net)."""
@@ -49,7 +48,7 @@ def train_chain(blocks: list[BPBlock], p: Packet) -> tuple[Packet, dict[str, flo
     with seeded(block_seed(last.seed, last.index, last.steps)):
         for b in blocks:
             p = b.forward(p) if b.frozen else b.forward_with_grad(p)
-        logits = last.modules["cls"](head_features(p.x, p.mask))
+        logits = last.modules["cls"](last.features(p.x, p.mask))
         loss = F.cross_entropy(logits, p.y)
         for b in trainable:
             b.optimizers["all"].zero_grad(set_to_none=True)

@@ -8,7 +8,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from growpipe.config import RuleSettings
-from growpipe.nn.backbones import head_features
 from growpipe.nn.block import Block, make_optimizer
 from growpipe.nn.packet import Packet
 from growpipe.nn.specs import BlockSpec, InputInfo
@@ -62,8 +61,8 @@ class SCPLBlock(Block):
         self.optimizers = {"all": make_optimizer(self.modules.parameters(), rule.optim)}
 
     def local_step(self, p: Packet) -> tuple[Packet, dict[str, float]]:
-        s, mask = self.encode(p)
-        feats = head_features(s, mask)
+        s, mask, side = self.encode(p)
+        feats = self.features(s, mask)
         z = F.normalize(self.modules["proj"](feats), dim=1)
         contrast = supcon_loss(z, p.y, self.temperature)
         loss, metrics = contrast, {"supcon": contrast.item()}
@@ -75,4 +74,4 @@ class SCPLBlock(Block):
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        return Packet(x=s.detach(), y=p.y, mask=mask, side=p.side, index=p.index), metrics
+        return Packet(x=s.detach(), y=p.y, mask=mask, side=side, index=p.index), metrics
