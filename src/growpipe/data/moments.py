@@ -84,11 +84,12 @@ def normalise(bundle: DataBundle, spec: DataSpec) -> DataBundle:
     if bundle.kind == "text":
         return bundle
     names = [n for n in ("train", "val", "test") if getattr(bundle, n) is not None]
-    seen: dict[str, dict[str, list[float]]] = {}
+    scanned = None
     for n in names:
         split = getattr(bundle, n)
-        if split.streamed:
-            seen[n], bad = split.x.scan(spec.skip_bad_files)
+        if split.streamed:  # every row checked once; only the training rows' statistics are kept
+            stats, bad = split.x.scan(spec.skip_bad_files, measure=n == "train" and spec.normalize == "train")
+            scanned = stats if n == "train" else scanned
             if bad:
                 keep = torch.from_numpy(np.setdiff1d(np.arange(len(split)), bad))
                 setattr(bundle, n, Split(split.x.take(keep.numpy()), split.y[keep], augment=split.augment))
@@ -97,7 +98,7 @@ def normalise(bundle: DataBundle, spec: DataSpec) -> DataBundle:
     if train.streamed:
         for n in names:
             getattr(bundle, n).x.pixels = train.x.pixels  # integer pixels are pixels in every split
-    stats = _chosen_stats(train, seen.get("train"), spec, bundle.name)
+    stats = _chosen_stats(train, scanned, spec, bundle.name)
     for n in names:
         split = getattr(bundle, n)
         if split.streamed:

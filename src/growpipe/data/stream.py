@@ -83,10 +83,11 @@ class DiskRows:
         rows.pixels, rows.stats = self.pixels, self.stats
         return rows
 
-    def scan(self, skip_bad: bool) -> tuple[dict[str, list[float]], list[int]]:
-        """One pass over every row: per-channel (per-feature) mean and std (`Moments`, as for data in memory)
-        and the rows that do not decode (skipped when `skip_bad`, else the first raises DataError naming its
-        file). Integer columns that hold only 0-255 under data.image_shape are pixels, read like images."""
+    def scan(self, skip_bad: bool, measure: bool = True) -> tuple[dict[str, list[float]] | None, list[int]]:
+        """One pass over every row: per-channel (per-feature) mean and std (`Moments`, as for data in memory;
+        None unless `measure`) and the rows that do not decode (skipped when `skip_bad`, else the first raises
+        DataError naming its file). Integer columns that hold only 0-255 under data.image_shape are pixels,
+        read like images."""
         as_read, as_pixels = Moments(self.shape[0]), Moments(self.shape[0])
         maybe_pixels = not self.pixels and self.spec.image_shape is not None
         bad: list[int] = []
@@ -104,14 +105,16 @@ class DiskRows:
                     except DataError:
                         bad.append(i)
             for x in parts:
-                as_read.add(self._floats(x))
                 maybe_pixels = maybe_pixels and np.issubdtype(x.dtype, np.integer) and x.min() >= 0 and x.max() <= 255
-                if maybe_pixels:
-                    as_pixels.add(unit_float(x.astype(np.uint8)))
+                if measure:
+                    as_read.add(self._floats(x))
+                    if maybe_pixels:
+                        as_pixels.add(unit_float(x.astype(np.uint8)))
         if maybe_pixels:
             self.pixels = True
-            return as_pixels.stats(), bad
-        return as_read.stats(), bad
+        if not measure:
+            return None, bad
+        return (as_pixels if maybe_pixels else as_read).stats(), bad
 
     def fingerprint(self) -> str:
         """What identifies these rows (source and positions) for the run's dataset record."""

@@ -3,6 +3,7 @@ holds, reading the data when it is stage 0, and its part of checkpoints, freezin
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ class StageBase:
         self.block: Any = None
         self.packed: list[Block] = []  # blocks packed into this actor after its own (grow.on_no_capacity: pack)
         self.bundle: DataBundle | None = None
+        self.word_vectors: torch.Tensor | None = None  # stage 0: net.word_vectors for the embedding block
 
     # ---- the data (stage 0) -------------------------------------------------------------------------
     def load_data(self) -> tuple[InputInfo, dict[str, Any]]:
@@ -42,7 +44,9 @@ class StageBase:
             node = ray.util.get_node_ip_address()
             raise DataNotFoundError(f"{e} (read by stage 0 on node {node}: a local path must exist there; shared "
                             "storage or a file:// / s3:// / gs:// URI reaches every node)") from None  # fmt: skip
-        return info, self.bundle.describe()
+        # the vectors stay here, where the embedding block is built: the driver and other stages never read them
+        self.word_vectors = info.word_vectors
+        return replace(info, word_vectors=None), self.bundle.describe()
 
     def train_size(self) -> int:
         """Stage 0: training samples per epoch."""
@@ -56,6 +60,8 @@ class StageBase:
     # ---- blocks ---------------------------------------------------------------------------------------
     def _build(self, spec: BlockSpec, info: InputInfo) -> Block:
         """The block `spec` describes (the same seed as the reference trainer), on this stage's device."""
+        if self.word_vectors is not None:
+            info = replace(info, word_vectors=self.word_vectors)
         return build_block(self.cfg.rule(), spec, info).to(self.device)
 
     def _blocks(self) -> list[Block]:
