@@ -30,7 +30,11 @@ from growpipe.config import RunConfig, load_config
 from growpipe.fsutil import atomic_write_json, atomic_write_text
 
 REPO = Path(__file__).resolve().parents[1]
-BEGIN, END = "<!-- bench compare: begin -->", "<!-- bench compare: end -->"
+
+
+def markers(suite: str) -> tuple[str, str]:
+    """The comments around one suite's tables in a results file: a run rewrites only its own suites."""
+    return f"<!-- bench compare {suite}: begin -->", f"<!-- bench compare {suite}: end -->"
 
 
 @dataclass(frozen=True)
@@ -249,15 +253,17 @@ def write_plots(rows: list[dict[str, Any]], targets: dict[tuple[str, int], float
     return paths
 
 
-def update_results(path: Path, section: str) -> Path:
-    """Replace the text between the bench-compare markers of a Markdown file (append it when absent)."""
+def update_results(path: Path, sections: dict[str, str]) -> Path:
+    """Replace each suite's text between its markers in a Markdown file (append it when absent)."""
     text = path.read_text() if path.exists() else ""
-    block = f"{BEGIN}\n{section.rstrip()}\n{END}"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + block + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip() + ("\n\n" if text else "") + block + "\n"
+    for suite, section in sections.items():
+        begin, end = markers(suite)
+        block = f"{begin}\n{section.rstrip()}\n{end}"
+        if begin in text and end in text:
+            head, rest = text.split(begin, 1)
+            text = head + block + rest.split(end, 1)[1]
+        else:
+            text = text.rstrip() + ("\n\n" if text else "") + block + "\n"
     return atomic_write_text(path, text)
 
 
@@ -336,9 +342,10 @@ def main(argv: list[str] | None = None) -> int:
         runs = f"median run of {args.repeats} by samples/s" if args.repeats > 1 else "one run"
         note = (f"`{cmd}` ({seconds:.0f} s, {os.cpu_count()} CPUs; each cell: {runs}). Target accuracy: "
                 f"{args.target_fraction:g} x the best epoch of the method in brackets (single-process BP when it "
-                "ran). Plots: " + ", ".join(f"`{Path(p).name}`" for p in plots))  # fmt: skip
-        section = note + "\n\n" + table
-        print(f"results: {update_results(Path(args.results_md), section)}")
+                "ran). Plots: ")  # fmt: skip
+        sections = {s: note + ", ".join(f"`{Path(p).name}`" for p in plots if f"compare-{s}-" in Path(p).name)
+                    + "\n\n" + markdown([r for r in rows if r["suite"] == s]) for s in suites}  # fmt: skip
+        print(f"results: {update_results(Path(args.results_md), sections)}")
     print(f"done in {seconds} s")
     return 0 if all("error" not in r for r in rows) else 1
 

@@ -86,7 +86,8 @@ def test_growth_benchmark_quick_writes_every_key_and_a_plot(tmp_path: Path):
 def test_compare_benchmark_quick_every_runner_ratios_plot_and_results_section(tmp_path: Path):
     compare = _bench_module("compare")
     results = tmp_path / "RESULTS.md"
-    results.write_text(f"# figures\n\nbefore\n\n{compare.BEGIN}\nold table\n{compare.END}\n\nafter\n")
+    (begin, end), other = compare.markers("fashion-mnist"), "\n".join(compare.markers("20newsgroups"))
+    results.write_text(f"# figures\n\nbefore\n\n{begin}\nold table\n{end}\n\n{other}\n\nafter\n")
     out = tmp_path / "compare.json"
     argv = ["--quick", "--suites", "fashion-mnist", "--ks", "2", "--methods", "bp,gpipe,dascpl,torch-gpipe",
             "--json-out", str(out), "--results-md", str(results)]  # fmt: skip
@@ -107,6 +108,7 @@ def test_compare_benchmark_quick_every_runner_ratios_plot_and_results_section(tm
     assert Path(r["plots"][0]).read_bytes()[:4] == b"\x89PNG"
     text = results.read_text()
     assert "old table" not in text and text.startswith("# figures\n\nbefore") and text.rstrip().endswith("after")
+    assert f"\n{other}\n" in text  # a suite this run left out keeps its tables
     assert "| 2 | torch.distributed.pipelining GPipe |" in text
 
 

@@ -65,9 +65,9 @@ def _wait_for_epoch(p: Pipeline, epoch: int, timeout: float = 120) -> None:
 
 
 def test_requests_grow_a_running_job_one_at_a_time_and_bad_ones_change_nothing(monkeypatch):
-    # 20 batches x 350 ms: an epoch outlasts placing and building a new stage (about 4 s here), so the
-    # first request lands mid-epoch
-    monkeypatch.setenv("GROWPIPE_STEP_DELAY_MS", "350")
+    # 20 batches x 500 ms: an epoch outlasts placing and building a new stage (about 4 s on a quiet machine,
+    # up to 7 s under load), so the first request lands mid-epoch
+    monkeypatch.setenv("GROWPIPE_STEP_DELAY_MS", "500")
     epochs = 2
     cfg = _slow_run("growing", epochs=epochs)
     with Pipeline(cfg) as p:

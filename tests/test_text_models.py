@@ -113,7 +113,7 @@ def test_lstm_last_pooling_is_the_final_hidden_state_of_both_directions():
     from growpipe.nn.backbones import LSTMEncoder
 
     torch.manual_seed(0)
-    enc = LSTMEncoder(5, 4, 1, 0.0, pooling="last")
+    enc = LSTMEncoder(5, 4, 1, 0.0, pooling="last", packed=True)
     x = torch.randn(3, 6, 5)
     mask = torch.arange(6).unsqueeze(0) < torch.tensor([[6], [2], [4]])
     s, _ = enc(x, mask)

@@ -194,9 +194,9 @@ class NetSpec(_Strict):
     """Feature blocks (kind: feature) on text: pooled (the previous features and the new token group's mean
     embedding joined by one dense layer) or sequence (seed 004: the group's tokens, embedded by the block's
     own table, appended along the sequence axis and the block's transformer or LSTM run over the whole)."""
-    lstm_packed: bool = True
-    """lstm: skip the padding (packed sequences, exact per document), or run over the padded batch like the
-    seeds (faster on CPU: oneDNN's fused kernel; the backward direction starts in the padding)."""
+    lstm_packed: bool = False
+    """lstm: run over the padded batch like the seeds (the backward direction starts in the padding; on CPU
+    oneDNN's fused kernel, 2-7x faster), or skip the padding (packed sequences, exact per document)."""
     ff_width: int | None = Field(None, ge=1)
     """transformer: feed-forward width of each layer; default 4 x the model width (the seeds: the width)."""
     word_vectors: str | None = None

@@ -20,8 +20,12 @@ STATS_BATCH = 64  # rows per float64 partial sum: the same chunks in memory and 
 
 def unit_float(x: np.ndarray) -> torch.Tensor:
     """uint8 pixels as float32 in [0, 1]; anything else as float32 unchanged."""
-    t = torch.from_numpy(np.ascontiguousarray(x))
-    return t.float().div_(255.0) if t.dtype == torch.uint8 else t.float()
+    pixels = np.asarray(x).dtype == np.uint8
+    a = np.ascontiguousarray(x, dtype=np.float32)
+    if not a.flags.writeable:  # Arrow buffers and memory maps: torch must not share a read-only array
+        a = a.copy()
+    t = torch.from_numpy(a)
+    return t.div_(255.0) if pixels else t
 
 
 def channel_axes(ndim: int) -> tuple[int, ...]:

@@ -174,17 +174,17 @@ class EmbeddingEncoder(Encoder):
 
 
 class LSTMEncoder(Encoder):
-    """Bidirectional LSTM over (B, T, D) -> (B, T, 2H); padded steps are skipped (packed sequences).
+    """Bidirectional LSTM over (B, T, D) -> (B, T, 2H), over the padded batch or (`packed`) the real steps only.
 
     Its heads see the masked mean of the outputs (pooling "mean"), or (pooling "last") the final hidden
     state averaged over the two directions, (h_forward + h_backward) / 2, as the seeds' LSTM blocks do.
     With `pass_state` it starts from the previous LSTM block's final (h, c) when their sizes match (the
-    seeds), and hands its own on (side tensors "lstm.h" / "lstm.c", detached). Unpacked (`packed` false) it
-    runs over the padded batch like the seeds: the backward direction then starts in the padding, and CPUs
-    use oneDNN's fused kernel (bench/RESULTS.md, "LSTM speed")."""
+    seeds), and hands its own on (side tensors "lstm.h" / "lstm.c", detached). Padded (the default, as the
+    seeds) the backward direction starts in the padding and CPUs use oneDNN's fused kernel; packed skips the
+    padding, exact per document, and is 2-7x slower on CPU (bench/RESULTS.md, "LSTM speed")."""
 
     def __init__(self, in_features: int, hidden: int, layers: int, dropout: float, pooling: str = "mean",
-                 pass_state: bool = False, packed: bool = True):  # fmt: skip
+                 pass_state: bool = False, packed: bool = False):  # fmt: skip
         super().__init__()
         self.packed = packed
         self.lstm = nn.LSTM(in_features, hidden, layers, batch_first=True, bidirectional=True)
