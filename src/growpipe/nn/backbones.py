@@ -326,7 +326,7 @@ def build_encoder(spec: EncoderSpec, info: InputInfo | None = None) -> Encoder:
         if enc.pooling == "tfidf" and info is not None and info.idf is not None:
             enc.idf.copy_(info.idf[: p["vocab"]])
         return enc
-    if fam == "lstm":
+    if fam == "lstm":  # specs saved before `packed` was recorded ran packed: a checkpoint keeps its maths
         return LSTMEncoder(shape[-1], p["hidden"], p["layers"], p["dropout"], p.get("pooling", "mean"),
                            p.get("pass_state", False), p.get("packed", True))  # fmt: skip
     if fam == "transformer":
