@@ -17,9 +17,16 @@ from growpipe.errors import DataError
 from tests.conftest import text_frames, write_idx
 
 
-def test_digits_is_the_embedded_default():
-    b = load_data(DataSpec())
+def test_digits_is_the_embedded_default_and_exactly_scikit_learns_split():
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    b = load_data(DataSpec(normalize="none"))
     assert (len(b.train), len(b.test), b.num_classes, b.input_shape) == (1347, 450, 10, (1, 8, 8))
+    d = load_digits()  # the stored row order and the CSV read without scikit-learn give what it gives
+    xtr, xte, ytr, yte = train_test_split(d.images / 16.0, d.target, test_size=0.25, random_state=0, stratify=d.target)
+    assert torch.equal(b.train.x[:, 0], torch.tensor(xtr, dtype=torch.float32)) and b.train.y.tolist() == ytr.tolist()
+    assert torch.equal(b.test.x[:, 0], torch.tensor(xte, dtype=torch.float32)) and b.test.y.tolist() == yte.tolist()
 
 
 def test_fashion_mnist_reads_idx_gz(fashion_dir: Path):

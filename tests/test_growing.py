@@ -64,7 +64,7 @@ def _wait_for_epoch(p: Pipeline, epoch: int, timeout: float = 120) -> None:
         time.sleep(0.1)
 
 
-def test_requests_grow_a_running_job_one_at_a_time_and_bad_ones_change_nothing(monkeypatch):
+def test_requests_grow_a_running_job_one_at_a_time_bad_ones_change_nothing_a_finished_one_refuses(monkeypatch):
     # 20 batches x 500 ms: an epoch outlasts placing and building a new stage (about 4 s on a quiet machine,
     # up to 7 s under load), so the first request lands mid-epoch
     monkeypatch.setenv("GROWPIPE_STEP_DELAY_MS", "500")
@@ -90,6 +90,8 @@ def test_requests_grow_a_running_job_one_at_a_time_and_bad_ones_change_nothing(m
             t.join(timeout=120)
         result = run.result()
         net = p.final_net()
+        with pytest.raises(PipelineError, match="run 'growing' has finished; nothing to grow"):
+            request_growth("growing", {"kind": "layer"})  # its controller still answers
     assert sorted(a["block"] for a in answers) == [2, 3]  # one after the other, never both on block 1
     assert [g["blocks"] for g in result["growth"]] == [3, 4] and result["blocks"] == 4
     assert all(g["source"] == "request" for g in result["growth"])
@@ -110,14 +112,6 @@ def test_requests_grow_a_running_job_one_at_a_time_and_bad_ones_change_nothing(m
     assert net.blocks[2].frozen and not net.blocks[3].frozen
     assert sorted(b.spec.encoder.params["width"] for b in net.blocks[2:]) == [40, 48]
     assert any(line.startswith("grow   +layer block 3") for line in run.lines)
-
-
-def test_a_finished_run_refuses_to_grow():
-    cfg = tiny_config(name="finished", threads=1)
-    with Pipeline(cfg) as p:
-        p.train(progress=None)
-        with pytest.raises(PipelineError, match="run 'finished' has finished; nothing to grow"):
-            request_growth("finished", {"kind": "layer"})
 
 
 def test_stage_zero_pauses_before_its_next_batch_and_resumes_there(monkeypatch):

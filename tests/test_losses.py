@@ -19,14 +19,14 @@ def test_association_loss_is_mean_squared_norm():
     assert math.isclose(association_loss(b, t, "mean").item(), direct / 2, rel_tol=1e-6)  # the seeds' MSELoss
 
 
-def test_al_blocks_take_the_seeds_activations_and_decoders_when_asked():
+def test_al_blocks_default_to_the_seeds_activations_and_decoders_and_keep_the_old_ones_reachable():
     from growpipe.nn.methods.al import ALBlock
     from growpipe.nn.net import GrowableNet
     from growpipe.nn.specs import InputInfo
 
     info = InputInfo(shape=(1, 8, 8), dtype="float", num_classes=10)
-    seeds = {"activation": "tanh", "decoder_activation": False, "loss_reduction": "mean", "label_lr_scale": 1}
-    for al, act, top_decoder in (({}, torch.nn.Sigmoid, torch.nn.Sequential), (seeds, torch.nn.Tanh, torch.nn.Linear)):
+    before = {"activation": "sigmoid", "decoder_activation": True, "loss_reduction": "sum", "label_lr_scale": 10}
+    for al, act, top_decoder in (({}, torch.nn.Tanh, torch.nn.Linear), (before, torch.nn.Sigmoid, torch.nn.Sequential)):
         cfg = tiny_config(method="al", al=al)
         net = GrowableNet.build(cfg.rule(), cfg.net, info)
         first, second = net.blocks
@@ -86,7 +86,7 @@ def test_al_block_reports_the_losses_its_modules_give():
         m.train()
         s, mask, _ = block.encode(p)
         t = m["g"](F.one_hot(p.y, 10).float())
-        assoc = ((m["b"](head_features(s, mask)) - t) ** 2).sum(1).mean().item()
+        assoc = ((m["b"](head_features(s, mask)) - t) ** 2).mean().item()  # al.loss_reduction mean
         ae = F.cross_entropy(m["h"](t), p.y).item()
     _, metrics = block.train_step(p)
     assert math.isclose(metrics["assoc"], assoc, rel_tol=1e-5)

@@ -83,7 +83,10 @@ def test_without_checkpoints_a_lost_stage_fails_the_run_clearly(tmp_path: Path, 
         t.join(timeout=60)
 
 
+@pytest.mark.usefixtures("ray_session")
 def test_killed_driver_resumes_from_its_checkpoint_in_the_same_mlflow_run(tmp_path: Path):
+    """The driver of a run on a cluster (the session's Ray, as with `growpipe train --address`) is killed
+    mid-run: Ray ends its actors; the same command with --resume auto goes on from the newest checkpoint."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     config = {
         "name": "resumable",
@@ -94,12 +97,13 @@ def test_killed_driver_resumes_from_its_checkpoint_in_the_same_mlflow_run(tmp_pa
         "grow": {"schedule": [{"kind": "layer", "epochs": 2}]},
         "checkpoint": {"uri": str(tmp_path / "ck"), "every_epochs": 1},
         "tracking": {"uri": uri, "experiment": "resume", "workdir": str(tmp_path)},
-        "runtime": {"dashboard": False, "timeline_epoch": 0, "num_cpus": 3},
+        "runtime": {"dashboard": False, "timeline_epoch": 0},
     }
     cfg_file = tmp_path / "run.yaml"
     cfg_file.write_text(yaml.safe_dump(config))
-    env = {**os.environ, "GROWPIPE_STEP_DELAY_MS": "40", "RAY_AGENT_PORT": "0"}
-    cmd = [sys.executable, "-m", "growpipe.cli", "train", "--config", str(cfg_file), "-q"]
+    env = {**os.environ, "GROWPIPE_STEP_DELAY_MS": "40"}
+    address = ray.get_runtime_context().gcs_address
+    cmd = [sys.executable, "-m", "growpipe.cli", "train", "--config", str(cfg_file), "--address", address, "-q"]
     driver = subprocess.Popen(cmd, env=env, cwd=tmp_path, start_new_session=True,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     store = CheckpointStore(str(tmp_path / "ck"), "resumable")
@@ -114,8 +118,12 @@ def test_killed_driver_resumes_from_its_checkpoint_in_the_same_mlflow_run(tmp_pa
         else:
             pytest.fail("no checkpoint past epoch 3 within 4 minutes")
     finally:
-        os.killpg(driver.pid, signal.SIGKILL)  # the driver and the Ray it started, mid-run
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver, mid-run
         driver.wait(timeout=60)
+    deadline = time.time() + 60
+    while "resumable" in ray.util.list_named_actors():  # Ray ends a dead driver's actors (its controller too)
+        assert time.time() < deadline, "the killed driver's controller outlived it by a minute"
+        time.sleep(0.2)
     out = tmp_path / "result.json"
     resumed = subprocess.run([*cmd, "--resume", "auto", "--json-out", str(out)], env=env, cwd=tmp_path,
                              capture_output=True, text=True, timeout=600)  # fmt: skip

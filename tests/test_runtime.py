@@ -42,9 +42,11 @@ def _assert_same_weights(net_a, net_b, atol=0.0):
                         assert torch.allclose(val, b["optimizers"][name]["state"][pid][key], atol=atol, rtol=0)
 
 
-@pytest.mark.parametrize(("window", "read"), [(1, "memory"), (4, "disk")])
-@pytest.mark.parametrize("method", ["al", "scpl", "dascpl"])
+@pytest.mark.parametrize(
+    ("method", "window", "read"), [("al", 4, "disk"), ("scpl", 1, "memory"), ("dascpl", 4, "disk")]
+)
 def test_pipeline_matches_reference_trainer(method, window, read, digits_on_disk):
+    """Every rule, each window mode (one packet in flight, several) and each reader (memory, disk)."""
     disk = {"name": digits_on_disk, "image_shape": [1, 8, 8], "stream": True}
     cfg = _small(method, window, **({"data": disk} if read == "disk" else {}))
     reference = train_local(cfg, progress=None)

@@ -263,16 +263,16 @@ class ALSpec(_Strict):
     """Size of the label codes t_i."""
     bridge_hidden: int = Field(0, ge=0)
     """Hidden units of the bridge b (0: a single linear map)."""
-    label_lr_scale: float = Field(10.0, gt=0)
-    """g and h learn at train.lr times this: the label side must settle before the feature side can follow
-    it (with the same rate, deeper exits of small runs stay at chance). The seeds: 1."""
-    activation: Literal["sigmoid", "tanh"] = "sigmoid"
-    """Activation of the bridge b and the label encoder g (the codes' range); the seeds' AL text code: tanh."""
-    decoder_activation: bool = True
-    """Decoders h above block 1 end with the same activation (the seeds' decoders are linear)."""
-    loss_reduction: Literal["sum", "mean"] = "sum"
-    """AL's squared errors summed over the code dimensions (then averaged over the batch), or averaged over
-    both (the seeds: nn.MSELoss)."""
+    label_lr_scale: float = Field(1.0, gt=0)
+    """g and h learn at train.lr times this (the seeds: 1, which measured best; bench/RESULTS.md)."""
+    activation: Literal["sigmoid", "tanh"] = "tanh"
+    """Activation of the bridge b and the label encoder g (the codes' range): tanh as in the seeds' AL code,
+    or sigmoid."""
+    decoder_activation: bool = False
+    """Decoders h above block 1 end with the same activation (false: linear, as in the seeds)."""
+    loss_reduction: Literal["sum", "mean"] = "mean"
+    """AL's squared errors averaged over the code dimensions and the batch (the seeds: nn.MSELoss), or summed
+    over the code dimensions, then averaged over the batch."""
 
 
 class SCPLSpec(_Strict):

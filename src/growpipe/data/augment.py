@@ -7,7 +7,6 @@ from __future__ import annotations
 import threading
 
 import torch
-from torchvision.transforms.v2 import functional as F
 
 KINDS = ("random_crop", "hflip")
 
@@ -37,6 +36,9 @@ class Augment:
 
     def __call__(self, x: torch.Tensor, idx: torch.Tensor, epoch: int) -> torch.Tensor:
         """The batch `x` (N, C, H, W) of samples `idx` of the split, augmented as epoch `epoch` draws."""
+        # imported here: torchvision pulls in torch._dynamo (about 2 s), which every actor paid at start-up
+        from torchvision.transforms.v2 import functional as F
+
         offsets, flips = self._draw(epoch)
         h, w = x.shape[-2:]
         if "random_crop" in self.kinds and self.padding:

@@ -71,16 +71,36 @@ def locate(spec: DataSpec, name: str, must_have: list[str], system_dirs: tuple[s
 # ---- images -------------------------------------------------------------------------------------------
 
 
+DIGITS_SPLIT = Path(__file__).with_name("digits_split.npz")
+"""Row order of the digits split: train_test_split(test_size=0.25, random_state=0, stratify=target), stored
+so that no process has to import scikit-learn (seconds of every stage actor's start-up) to get it."""
+
+
 def load_digits_bundle(spec: DataSpec) -> DataBundle:
     """scikit-learn's bundled 8x8 digits (1,797 images), a fixed stratified 75/25 split."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+    pixels, target = digits_rows()
+    split = np.load(DIGITS_SPLIT, allow_pickle=False)
+    x = pixels.reshape(-1, 1, 8, 8).astype(np.float32) / 16.0
+    y = target.astype(np.int64)
+    tr, te = split["train"].astype(np.int64), split["test"].astype(np.int64)
+    return _image_bundle("digits", x[tr], y[tr], x[te], y[te], [str(i) for i in range(10)], spec)
 
-    d = load_digits()
-    x = (d.images.astype(np.float32) / 16.0)[:, None, :, :]
-    y = d.target.astype(np.int64)
-    xtr, xte, ytr, yte = train_test_split(x, y, test_size=0.25, random_state=0, stratify=y)
-    return _image_bundle("digits", xtr, ytr, xte, yte, [str(i) for i in range(10)], spec)
+
+def digits_rows() -> tuple[np.ndarray, np.ndarray]:
+    """The digits' pixels (1,797 x 64, values 0-16) and labels: scikit-learn's bundled CSV, read as its
+    load_digits reads it but without importing scikit-learn (which falls back to load_digits)."""
+    import importlib.util
+
+    found = importlib.util.find_spec("sklearn")
+    where = list(found.submodule_search_locations or []) if found else []
+    csv = Path(where[0], "datasets", "data", "digits.csv.gz") if where else None
+    if csv is None or not csv.is_file():
+        from sklearn.datasets import load_digits
+
+        d = load_digits()
+        return d.data, d.target
+    raw = np.loadtxt(csv, delimiter=",")
+    return raw[:, :-1], raw[:, -1].astype(np.int64)
 
 
 def read_idx(path: Path) -> np.ndarray:

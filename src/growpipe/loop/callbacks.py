@@ -27,7 +27,9 @@ class RunCallback:
 
     def on_finish(self, summary: dict[str, Any]) -> None: ...
 
-    def on_final_net(self, net: Any, summary: dict[str, Any]) -> None: ...
+    def on_final_net(self, net: Any, summary: dict[str, Any]) -> None:
+        """The trained net, built in the loop's process only when a callback overrides this (building one
+        costs a process seconds of first-time imports)."""
 
     def on_error(self, message: str) -> None: ...
 
@@ -61,3 +63,8 @@ class ProgressLog(RunCallback):
         where = f", {event['where']}" if event.get("where") else ""
         self.say(f"grow   +{event['kind']} block {event['block']} ({event['family']}) -> {event['blocks']} blocks"
                  f"{where}{at}")  # fmt: skip
+
+
+def wants_final_net(callback: RunCallback) -> bool:
+    """Whether `callback` does something with the trained net (overrides on_final_net)."""
+    return getattr(type(callback), "on_final_net", RunCallback.on_final_net) is not RunCallback.on_final_net

@@ -19,7 +19,7 @@ from growpipe.checkpoint import CheckpointStore, check_input_matches
 from growpipe.config import GrowStep, RunConfig, parse_grow_request
 from growpipe.errors import ConfigError, GrowpipeError, ShapeError
 from growpipe.growth import FrozenWatch, GrowthPlan, growth_event, note_epoch
-from growpipe.loop.callbacks import RunCallback, notify
+from growpipe.loop.callbacks import RunCallback, notify, wants_final_net
 from growpipe.loop.elastic import Topology
 from growpipe.loop.engine import Engine, Prepared, WorkerLost
 from growpipe.loop.orders import GrowOrder, check_input_size
@@ -490,8 +490,8 @@ class RunLoop:
         self.final_states = self.engine.final_states() if self.engine.net is None else None
         self.result = summary
         notify(self.callbacks, "on_finish", summary, say=self.say)
-        if self.callbacks:
-            notify(self.callbacks, "on_final_net", self.final_net(), summary, say=self.say)
+        if wanting := [cb for cb in self.callbacks if wants_final_net(cb)]:
+            notify(wanting, "on_final_net", self.final_net(), summary, say=self.say)
         return Finished()
 
     def final_net(self) -> GrowableNet:

@@ -60,7 +60,7 @@ class BPPipelineEngine(StageEngine):
         if any((layout or {}).get("hosts") or []):
             raise ConfigError("grow.on_no_capacity: pack is for the local-learning pipeline, not for method bp")
         for i in range(1, len(specs)):
-            self.slots.append(self._launch_in_shared(i))
+            self.slots.append(self._stage_slot(i))
         self.n = self._get(self.slots[0].handle.train_size.remote(), "counting the training samples")
         if self.one_f_one_b:  # the dataset's own size (stage 0 read it), below data.limit_train or without it
             check_1f1b(self.cfg, math.ceil(self.n / self.cfg.data.batch_size))

@@ -41,7 +41,7 @@ class PipelineEngine(StageEngine):
     def build(self, specs: list[BlockSpec], layout: dict[str, Any] | None) -> str:
         hosts = (layout or {}).get("hosts") or [None] * len(specs)
         for i in range(1, len(specs)):
-            self.slots.append(self._launch_in_shared(i) if hosts[i] is None else self._packed(hosts[i]))
+            self.slots.append(self._stage_slot(i) if hosts[i] is None else self._packed(hosts[i]))
         self._setup(specs)
         cfg = self.cfg
         names = ", ".join(s.block_name for s in self.slots)

@@ -57,14 +57,17 @@ class StageEngine:
         self.info: InputInfo | None = None
         self._shared_pg: Any = None
         self._reserved_pg, self._next_bundle = reserved if reserved else (None, 0)
+        self._early: dict[int, Slot] = {}  # stages open() started before their blocks were planned
 
     # ---- placement ------------------------------------------------------------------------------------
     def open(self, layout: dict[str, Any] | None = None) -> tuple[InputInfo, dict[str, Any]]:
-        """Place stage 0 (in a placement group with room for every stage of its own) and read the data."""
+        """Place every stage (in a placement group with room for each one of its own) and have stage 0 read
+        the data; the other stages' processes start meanwhile (each one's start-up is seconds of imports)."""
         hosts = (layout or {}).get("hosts") or [None] * self.cfg.net.blocks
         if self._reserved_pg is None:
             self._shared_pg = make_stage_pg(self.cfg, sum(h is None for h in hosts), self.cfg.runtime.placement)
         self.slots = [self._launch_in_shared(0)]
+        self._early = {i: self._launch_in_shared(i) for i in range(1, len(hosts)) if hosts[i] is None}
         self.info, data = self._get(self.slots[0].handle.load_data.remote(), "stage 0 loading the data")
         return self.info, data
 
@@ -79,6 +82,11 @@ class StageEngine:
             )
         self._next_bundle += 1
         return self._launch(index, pg, self._next_bundle - 1, owns_pg=False)
+
+    def _stage_slot(self, index: int) -> Slot:
+        """Stage `index` of the initial blocks in its own bundle: the actor open() started, else a new one."""
+        early = self._early.pop(index, None)
+        return early if early is not None else self._launch_in_shared(index)
 
     def _launch_for_growth(self, index: int) -> Slot:
         """A new stage: the next reserved bundle, or a placement group of its own."""
@@ -155,7 +163,7 @@ class StageEngine:
 
     def stop(self) -> None:
         """Kill every stage actor and release every placement group (they outlive the actor that made them)."""
-        for slot in self.slots:
+        for slot in [*self.slots, *self._early.values()]:
             with contextlib.suppress(Exception):  # already dead
                 ray.kill(slot.handle, no_restart=True)
         owned = {id(s.home[0]): s.home[0] for s in self.slots if s.home and s.home[2]}
@@ -164,7 +172,7 @@ class StageEngine:
             with contextlib.suppress(Exception):  # already gone with a dead node: nothing left to release
                 remove_placement_group(pg)
         self._shared_pg = None
-        self.slots = []
+        self.slots, self._early = [], {}
 
     # ---- calls ----------------------------------------------------------------------------------------
     def _get(self, ref: Any, what: str) -> Any:

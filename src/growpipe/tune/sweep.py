@@ -278,7 +278,7 @@ def run_sweep(spec: SweepSpec, address: str | None = None, say: Callable[[str], 
         else:
             trainable = tune.with_parameters(
                 growpipe_train, base=base, sweep=spec.name, metric=spec.objective, parent_run_id=record.run_id,
-                save_checkpoint=spec.save_checkpoints,
+                save_checkpoint=spec.save_checkpoints, runs_dir=str(out / "trial-runs"),
             )  # fmt: skip
             trainable = tune.with_resources(
                 trainable,
@@ -341,7 +341,8 @@ class SweepState:
         """A fresh start: the old experiment's trials go (Tune would otherwise mix them in)."""
         import shutil
 
-        shutil.rmtree(self.path.parent / "trials", ignore_errors=True)
+        for sub in ("trials", "trial-runs"):
+            shutil.rmtree(self.path.parent / sub, ignore_errors=True)
         self.path.unlink(missing_ok=True)
         self.data = {}
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -25,12 +24,15 @@ def train_trial(
     metric: str,
     parent_run_id: str | None,
     save_checkpoint: bool,
+    runs_dir: str,
 ) -> None:
     """Train one net on Ray with the trial's `params`: its stages go into the bundles 1.. of the trial's
     placement group (bundle 0 is this function's), every epoch is reported to Tune (so ASHA can stop it)
     with the run checkpoint of that epoch (`save_checkpoint`), and the last report carries the final
     metrics. A trial Tune restarts (Tuner.restore, or PBT copying another trial's net) resumes from the
-    checkpoint Tune hands it: topology, weights and growth history, in the same MLflow run."""
+    checkpoint Tune hands it: topology, weights and growth history, in the same MLflow run. The trial's own
+    run checkpoints live in `runs_dir`/NAME; a restarted trial that Tune hands none (the sweep was stopped
+    before Tune recorded the trial's last report) goes on from the newest of those instead of starting over."""
     from ray import tune
     from ray.util import get_current_placement_group
 
@@ -40,16 +42,15 @@ def train_trial(
 
     ctx = tune.get_context()
     name = trial_run_name(sweep, ctx.get_trial_id())
-    ckpt_root = tempfile.mkdtemp(prefix="growpipe-trial-")  # the run's restore points; Tune keeps copies
     base = {**base, "name": name, "checkpoint": {**base.get("checkpoint", {}), "enabled": save_checkpoint,
-            "uri": ckpt_root, "keep": 3, "every_epochs": 1}}  # fmt: skip
+            "uri": runs_dir, "keep": 3, "every_epochs": 1}}  # fmt: skip
     if parent_run_id:
         tracking = {**base.get("tracking", {}), "parent_run_id": parent_run_id}
         tracking["run_id"] = _existing_child(tracking, name)  # one MLflow run per trial, across restarts
         base["tracking"] = tracking
     cfg = trial_config(base, params, f"trial {ctx.get_trial_name()}")
     last_epoch = cfg.total_epochs()
-    store = CheckpointStore(ckpt_root, name)
+    store = CheckpointStore(runs_dir, name)
     held: list[dict[str, Any]] = []
 
     def to_tune(row: dict[str, Any]) -> dict[str, float]:  # losses go to MLflow; Tune's table shows accuracy
@@ -68,7 +69,7 @@ def train_trial(
         return None
 
     done_before = 0  # epochs Tune already has (a restarted trial's checkpoint)
-    given = tune.get_checkpoint()
+    given = tune.get_checkpoint() or _own_epoch_checkpoint(store, save_checkpoint)
 
     def report(row: dict[str, Any]) -> None:
         if row["epoch"] <= done_before:  # the restored history: reported by the trial's earlier start
@@ -87,6 +88,14 @@ def train_trial(
             final = to_tune(held[-1] if held else summary["history"][-1])
             final.update(final_test_accuracy=summary["test_accuracy"], epochs_run=summary["epochs"])
             tune.report(final, checkpoint=checkpoint_after(summary["epochs"]))
+
+
+def _own_epoch_checkpoint(store: Any, enabled: bool) -> Any:
+    """The newest end-of-epoch checkpoint the trial wrote itself in an earlier start, as a Tune checkpoint."""
+    from ray import tune
+
+    ref = store.latest() if enabled else None
+    return tune.Checkpoint.from_directory(ref.path) if ref is not None and ref.batch == 0 else None
 
 
 def _existing_child(tracking: dict[str, Any], name: str) -> str | None:
