@@ -87,8 +87,8 @@ def load_digits_bundle(spec: DataSpec) -> DataBundle:
 
 
 def digits_rows() -> tuple[np.ndarray, np.ndarray]:
-    """The digits' pixels (1,797 x 64, values 0-16) and labels: scikit-learn's bundled CSV, read as its
-    load_digits reads it but without importing scikit-learn (which falls back to load_digits)."""
+    """The digits' pixels (1,797 x 64, values 0-16) and labels from scikit-learn's bundled CSV, read the way
+    its load_digits reads it but without importing scikit-learn; load_digits itself when the file moved."""
     import importlib.util
 
     found = importlib.util.find_spec("sklearn")
