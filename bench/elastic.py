@@ -42,9 +42,11 @@ def _rate(rows: list[dict[str, Any]]) -> float | None:
     return statistics.median(r["samples_per_second"] for r in rows) if rows else None
 
 
-def disturbed(cluster: Any, cfg: RunConfig, lose_after: int, join_after: int) -> dict[str, Any]:
+def disturbed(cluster: Any, cfg: RunConfig, lose_after: int, join_after: int, keep_net: bool = False
+              ) -> dict[str, Any]:  # fmt: skip
     """Train `cfg`; after epoch `lose_after` remove the node of stage 1 (no replacement); `join_after` epochs
-    after the shrink add a node. Returns the result and the seconds loss -> shrunk, join -> spread."""
+    after the shrink add a node. Returns the result and the seconds loss -> shrunk, join -> spread (and, with
+    `keep_net`, the trained net)."""
     from growpipe.runtime.pipeline import Pipeline
 
     lines: list[str] = []
@@ -73,25 +75,28 @@ def disturbed(cluster: Any, cfg: RunConfig, lose_after: int, join_after: int) ->
         joined = time.monotonic()
         spread = wait(lambda: any(x.startswith("topo   expand") for x in lines), "expand")
         thread.join()
+        if keep_net:
+            out["net"] = p.final_net()
     result = out["result"]
     changes = result["topology_changes"]
     shrunk_rows = [h for h in result["history"] if changes[0]["epoch"] < h["epoch"] <= changes[1]["epoch"]]
     return {"result": result, "loss_to_training_s": shrunk - lost, "join_to_spread_s": spread - joined,
-            "shrunk_samples_per_second": _rate(shrunk_rows)}  # fmt: skip
+            "shrunk_samples_per_second": _rate(shrunk_rows), "net": out.get("net")}  # fmt: skip
 
 
-def measure(cluster: Any, quick: bool, epochs: int, timeout_s: float, ckpt: str) -> dict[str, Any]:
-    """The undisturbed run and the disturbed one on `cluster` (its two workers up)."""
+def measure(cluster: Any, calm_cfg: RunConfig, disturbed_cfg: RunConfig, keep_net: bool = False) -> dict[str, Any]:
+    """The undisturbed run of `calm_cfg` and the disturbed run of `disturbed_cfg` (the same run under another
+    name) on `cluster`, its two workers up. With `keep_net` the row's "net" is the disturbed run's net."""
     from growpipe.runtime.pipeline import Pipeline
 
-    with Pipeline(bench_config("elastic-calm", quick, epochs, timeout_s, ckpt)) as p:
+    with Pipeline(calm_cfg) as p:
         calm = p.train(progress=None)
-    d = disturbed(cluster, bench_config("elastic-disturbed", quick, epochs, timeout_s, ckpt), 1, 1)
+    d = disturbed(cluster, disturbed_cfg, 1, 1, keep_net)
     spread_rate = _rate(calm["history"][1:])
     shrunk_rate = d["shrunk_samples_per_second"]
-    return {
+    row = {
         "loss_to_training_s": round(d["loss_to_training_s"], 2),
-        "placement_timeout_s": timeout_s,
+        "placement_timeout_s": disturbed_cfg.runtime.placement_timeout_s,
         "join_to_spread_s": round(d["join_to_spread_s"], 2),
         "spread_samples_per_second": round(spread_rate or 0, 1),
         "shrunk_samples_per_second": round(shrunk_rate or 0, 1),
@@ -101,6 +106,7 @@ def measure(cluster: Any, quick: bool, epochs: int, timeout_s: float, ckpt: str)
         "topology_changes": d["result"]["topology_changes"],
         "restarts": d["result"]["restarts"],
     }
+    return {**row, "net": d["net"]} if keep_net else row
 
 
 FIGURES = ("loss_to_training_s", "join_to_spread_s", "spread_samples_per_second", "shrunk_samples_per_second",
@@ -135,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     with raylet_cluster() as cluster:
         for i in range(args.repeats):
             with tempfile.TemporaryDirectory() as ckpt:
-                runs.append(measure(cluster, args.quick, args.epochs, args.timeout, ckpt))
+                config = lambda name: bench_config(name, args.quick, args.epochs, args.timeout, ckpt)  # noqa: E731
+                runs.append(measure(cluster, config("elastic-calm"), config("elastic-disturbed")))
             print(f"run {i + 1}/{args.repeats}: {_figures(runs[-1])}")
     row = {**median_row(runs), "runs": runs, "seconds": round(time.perf_counter() - t0, 1)}
     print(f"node lost -> training again (shrunk): {row['loss_to_training_s']} s "

@@ -97,6 +97,19 @@ def digits_on_disk(tmp_path_factory) -> str:
     return f"parquet:{root}"
 
 
+def actor_exists(name: str) -> bool:
+    """Whether a named growpipe actor (a run's controller "NAME" or stage "NAME/stageI") is alive."""
+    import ray
+
+    from growpipe.runtime import NAMESPACE
+
+    try:
+        ray.get_actor(name, namespace=NAMESPACE)
+    except ValueError:
+        return False
+    return True
+
+
 def _session_ray() -> None:
     import ray
 

@@ -12,13 +12,13 @@ from tests.conftest import tiny_config
 
 @pytest.mark.usefixtures("ray_session")
 def test_ray_train_ddp_tracks_single_process_bp():
-    cfg = tiny_config(name="ddp", method="bp", threads=1, net={"blocks": 2, "width": 64}, train={"epochs": 4},
+    cfg = tiny_config(name="ddp", method="bp", threads=1, net={"blocks": 2, "width": 64}, train={"epochs": 2},
                       runtime={"bp_schedule": "ddp", "ddp_workers": 2})  # fmt: skip
     bp = train_local(cfg, progress=None)
     lines: list[str] = []
     run = train(cfg, progress=lines.append, keep_net=True)
     result, net = run.result, run.net
-    assert result["runtime"] == "ray-train-ddp" and result["workers"] == 2 and result["epochs"] == 4
+    assert result["runtime"] == "ray-train-ddp" and result["workers"] == 2 and result["epochs"] == 2
     # two equal shards per global batch, gradients averaged: the same steps as BP up to float rounding
     # (the last, odd-sized batch of each epoch splits unevenly)
     assert abs(result["test_accuracy"] - bp.summary()["test_accuracy"]) <= 0.01

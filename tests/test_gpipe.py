@@ -13,25 +13,6 @@ from tests.conftest import tiny_config
 from tests.test_runtime import _assert_same_weights
 
 
-@pytest.mark.usefixtures("ray_session")
-@pytest.mark.parametrize("micro", [3])  # 64 samples into micro-batches of 22, 21 and 21: unequal shares
-def test_gpipe_matches_single_process_bp(micro):
-    cfg = tiny_config(
-        name=f"gpipe-{micro}", method="bp", threads=1, net={"blocks": 3, "width": 32}, train={"epochs": 2},
-        data={"limit_train": 320, "batch_size": 64}, runtime={"micro_batches": micro},
-    )  # fmt: skip
-    reference = train_local(cfg, progress=None)
-    lines: list[str] = []
-    run = train(cfg, progress=lines.append, keep_net=True)
-    result, net = run.result, run.net
-    assert result["runtime"] == "ray-gpipe" and result["blocks"] == 3 and result["epochs"] == 2
-    ref_losses = [r["loss"]["b2.ce"] for r in reference.history]
-    assert [r["loss"]["b2.ce"] for r in result["history"]] == pytest.approx(ref_losses, abs=1e-5)
-    assert result["test_accuracy"] == pytest.approx(reference.summary()["test_accuracy"], abs=1e-9)
-    _assert_same_weights(reference.net, net, atol=2e-5)
-    assert any(line.startswith("net    bp (GPipe)") for line in lines)
-
-
 def test_micro_batches_cover_the_batch_and_bad_configs_are_refused():
     parts = micro_slices(10, 4)
     assert [len(p) for p in parts] == [3, 3, 2, 2] and sorted(i for p in parts for i in p) == list(range(10))
@@ -43,22 +24,41 @@ def test_micro_batches_cover_the_batch_and_bad_configs_are_refused():
 @pytest.mark.usefixtures("ray_session")
 def test_gpipe_grows_checkpoints_and_resumes_like_single_process_bp(tmp_path):
     """Method bp on the stage actors goes through the same run loop: a planned growth (the earlier stages
-    frozen), restore points, and a resume from the one written at the growth end with the reference's weights."""
+    frozen), restore points, MLflow, and a resume from the one written at the growth end, each with the
+    reference's losses and weights. 64 samples go into micro-batches of 22, 21 and 21: unequal shares."""
+    from mlflow.tracking import MlflowClient
+
     from growpipe.checkpoint import CheckpointStore
 
     base = {"name": "gpipe-grow", "method": "bp", "threads": 1, "net": {"blocks": 2, "width": 32},
-            "train": {"epochs": 1}, "data": {"limit_train": 256, "batch_size": 64}, "runtime": {"micro_batches": 2},
+            "train": {"epochs": 1}, "data": {"limit_train": 256, "batch_size": 64}, "runtime": {"micro_batches": 3},
             "grow": {"schedule": [{"kind": "layer", "epochs": 1}]}}  # fmt: skip
     reference = train_local(tiny_config(**base), progress=None)
-    cfg = tiny_config(**base, checkpoint={"enabled": True, "uri": str(tmp_path), "keep": 5})
-    grown = train(cfg, progress=None, keep_net=True)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking = {"mlflow": True, "uri": uri, "experiment": "tests", "workdir": str(tmp_path), "log_model": False,
+                "system_metrics": False}  # fmt: skip
+    cfg = tiny_config(**base, checkpoint={"enabled": True, "uri": str(tmp_path), "keep": 5}, tracking=tracking)
+    lines: list[str] = []
+    grown = train(cfg, progress=lines.append, keep_net=True)
+    assert grown.result["runtime"] == "ray-gpipe"
+    assert any(line.startswith("net    bp (GPipe) on mlp: 2 stage actors") for line in lines), lines
+    assert [s["stage"] for s in grown.result["stages"]] == [0, 1, 2] and all(
+        s["busy_s"] > 0 for s in grown.result["stages"]
+    )
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("tests").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.metrics["final.test_accuracy"] == grown.result["test_accuracy"]
     assert grown.result["blocks"] == 3 and grown.result["growth"][0]["blocks"] == 3
     assert grown.result["frozen_unchanged"] is True
+    for ours, theirs in zip(grown.result["history"], reference.history, strict=True):
+        assert ours["loss"] == pytest.approx(theirs["loss"], abs=1e-5)
+    assert grown.result["test_accuracy"] == pytest.approx(reference.summary()["test_accuracy"], abs=1e-9)
     _assert_same_weights(reference.net, grown.net, atol=2e-5)
     at_growth = next(c for c in CheckpointStore(str(tmp_path), "gpipe-grow").complete() if c.seq == 2)
     assert (at_growth.epoch, at_growth.batch) == (1, 0)
-    lines: list[str] = []
-    resumed = train(cfg, progress=lines.append, keep_net=True, resume=at_growth.path)
+    lines.clear()
+    untracked = tiny_config(**base, checkpoint={"enabled": True, "uri": str(tmp_path), "keep": 5})
+    resumed = train(untracked, progress=lines.append, keep_net=True, resume=at_growth.path)
     assert any(line.startswith(f"resume {at_growth.path}: epoch 1, batch 0, 3 blocks") for line in lines)
     assert [h["epoch"] for h in resumed.result["history"]] == [1, 2] and len(resumed.result["growth"]) == 1
     _assert_same_weights(reference.net, resumed.net, atol=2e-5)

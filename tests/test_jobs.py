@@ -81,5 +81,6 @@ def test_submitted_demo_job_grows_and_keeps_its_results_where_the_submitter_said
     assert [m.step for m in mlflow.get_metric_history(run.info.run_id, "loss.b1.ce")] == [1, 2]
     assert [(m.step, m.value) for m in mlflow.get_metric_history(run.info.run_id, "growth.blocks")] == [(2, 3.0)]
     assert (tmp_path / "runs" / "checkpoints" / "job-e2e").is_dir()  # durable: the submitter's directory
+    assert run.info.artifact_uri.removeprefix("file://").startswith(f"{tmp_path}/runs/mlartifacts/")
     plots = {a.path for a in mlflow.list_artifacts(run.info.run_id, "plots")}
     assert {"plots/exit_accuracy.png", "plots/accuracy_vs_compute.png", "plots/stage_timeline.png"} <= plots

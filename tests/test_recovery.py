@@ -21,7 +21,7 @@ from growpipe.errors import PipelineError
 from growpipe.local import train_local
 from growpipe.runtime import NAMESPACE
 from growpipe.runtime.pipeline import Pipeline
-from tests.conftest import tiny_config
+from tests.conftest import actor_exists, tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -40,13 +40,15 @@ def _cfg(tmp_path: Path, name: str, **extra):
     return tiny_config(**base)
 
 
-def _kill_stage_during(p: Pipeline, stage: str, epoch: int, killed: list[str]) -> None:
+def _kill_stage_during(p: Pipeline, stage: str, epoch: int, killed: list[str], at: list[float] | None = None) -> None:
     deadline = time.time() + 120
     while time.time() < deadline and ray.get(p.controller.status.remote())["epoch"] < epoch:
         time.sleep(0.05)
     time.sleep(0.3)  # inside that epoch
     ray.kill(ray.get_actor(stage, namespace=NAMESPACE), no_restart=True)
     killed.append(stage)
+    if at is not None:
+        at.append(time.perf_counter())
 
 
 @pytest.mark.usefixtures("ray_session")
@@ -71,16 +73,21 @@ def test_killed_stage_actor_is_replaced_and_the_run_ends_as_if_undisturbed(tmp_p
 
 
 @pytest.mark.usefixtures("ray_session")
-def test_without_checkpoints_a_lost_stage_fails_the_run_clearly(tmp_path: Path, monkeypatch):
+def test_without_checkpoints_a_lost_stage_fails_the_run_clearly_within_seconds(tmp_path: Path, monkeypatch):
     monkeypatch.setenv("GROWPIPE_STEP_DELAY_MS", "25")
     cfg = _cfg(tmp_path, "nockpt", checkpoint={"enabled": False})
     killed: list[str] = []
+    killed_at: list[float] = []
     with Pipeline(cfg) as p:
-        t = threading.Thread(target=_kill_stage_during, args=(p, "nockpt/stage1", 1, killed))
+        t = threading.Thread(target=_kill_stage_during, args=(p, "nockpt/stage1", 1, killed, killed_at))
         t.start()
-        with pytest.raises(PipelineError, match="no checkpoint to recover from"):
+        with pytest.raises(PipelineError, match="no checkpoint to recover from") as failed:
             p.train(progress=None)
+        failed_at = time.perf_counter()
         t.join(timeout=60)
+    assert killed == ["nockpt/stage1"] and failed_at - killed_at[0] < 10
+    assert "stage 1 died" in str(failed.value) or "actor died" in str(failed.value)
+    assert not actor_exists("nockpt/stage0") and not actor_exists("nockpt")
 
 
 @pytest.mark.usefixtures("ray_session")
@@ -93,7 +100,7 @@ def test_killed_driver_resumes_from_its_checkpoint_in_the_same_mlflow_run(tmp_pa
         "method": "dascpl",
         "net": {"width": 32},
         "al": {"code_dim": 8},
-        "train": {"epochs": 2},
+        "train": {"epochs": 1},
         "grow": {"schedule": [{"kind": "layer", "epochs": 2}]},
         "checkpoint": {"uri": str(tmp_path / "ck"), "every_epochs": 1},
         "tracking": {"uri": uri, "experiment": "resume", "workdir": str(tmp_path)},
@@ -109,14 +116,14 @@ def test_killed_driver_resumes_from_its_checkpoint_in_the_same_mlflow_run(tmp_pa
     store = CheckpointStore(str(tmp_path / "ck"), "resumable")
     deadline = time.time() + 240
     try:
-        while time.time() < deadline:  # past the growth (end of epoch 2) and one more epoch
+        while time.time() < deadline:  # past the growth (end of epoch 1) and one more epoch
             ref = store.latest()
-            if ref is not None and ref.epoch >= 3:
+            if ref is not None and ref.epoch >= 2:
                 break
             assert driver.poll() is None, "the driver ended before it could be killed"
             time.sleep(0.2)
         else:
-            pytest.fail("no checkpoint past epoch 3 within 4 minutes")
+            pytest.fail("no checkpoint past epoch 2 within 4 minutes")
     finally:
         os.killpg(driver.pid, signal.SIGKILL)  # the driver, mid-run
         driver.wait(timeout=60)
@@ -130,14 +137,14 @@ def test_killed_driver_resumes_from_its_checkpoint_in_the_same_mlflow_run(tmp_pa
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     assert f"resume {tmp_path / 'ck' / 'resumable'}/ckpt-" in resumed.stdout
     result = json.loads(out.read_text())
-    assert result["epochs"] == 4 and result["blocks"] == 3
-    assert [(g["epoch"], g["blocks"]) for g in result["growth"]] == [(2, 3)]  # no repeated growth
-    assert [r["epoch"] for r in result["history"]] == [1, 2, 3, 4]
+    assert result["epochs"] == 3 and result["blocks"] == 3
+    assert [(g["epoch"], g["blocks"]) for g in result["growth"]] == [(1, 3)]  # no repeated growth
+    assert [r["epoch"] for r in result["history"]] == [1, 2, 3]
 
     client = MlflowClient(tracking_uri=uri)
     runs = client.search_runs([client.get_experiment_by_name("resume").experiment_id])
     assert len(runs) == 1  # the resumed run logged into the same MLflow run
     run = runs[0]
     assert run.info.status == "FINISHED"
-    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "growth.blocks")] == [(2, 3.0)]
-    assert {m.step for m in client.get_metric_history(run.info.run_id, "test_accuracy")} == {1, 2, 3, 4}
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "growth.blocks")] == [(1, 3.0)]
+    assert {m.step for m in client.get_metric_history(run.info.run_id, "test_accuracy")} == {1, 2, 3}

@@ -8,10 +8,10 @@ from mlflow.tracking import MlflowClient
 from growpipe.errors import PipelineError
 from growpipe.local import train_local
 from growpipe.runtime.pipeline import Pipeline
-from tests.conftest import tiny_config
+from tests.conftest import actor_exists, tiny_config
 
 
-def _tracked(tmp_path: Path, name: str, uri: str | None = None, **extra):
+def _tracked(tmp_path: Path, name: str, uri: str | None = None, mlflow: bool = True, **extra):
     uri = uri or f"sqlite:///{tmp_path / 'mlflow.db'}"
     return tiny_config(
         name=name,
@@ -19,7 +19,7 @@ def _tracked(tmp_path: Path, name: str, uri: str | None = None, **extra):
         threads=1,
         train={"epochs": 2},
         grow={"schedule": [{"kind": "layer", "epochs": 1}]},
-        tracking={"mlflow": True, "uri": uri, "experiment": "tests", "workdir": str(tmp_path)},
+        tracking={"mlflow": mlflow, "uri": uri, "experiment": "tests", "workdir": str(tmp_path)},
         **extra,
     )
 
@@ -49,19 +49,43 @@ def _check_logged_run(client: MlflowClient, run, blocks: int) -> set[str]:
     return names
 
 
-def test_reference_run_is_logged_to_mlflow(tmp_path: Path):
+def test_reference_run_is_logged_to_mlflow_with_its_artifacts_beside_the_store(tmp_path: Path, monkeypatch):
+    from growpipe.tracking import artifact_root
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # MLflow's own default would put the artifacts in ./mlruns here
     cfg = _tracked(tmp_path, "tracked-local")
     train_local(cfg, progress=None)
     client, run = _only_run(cfg.tracking.uri)
     _check_logged_run(client, run, blocks=3)
+    assert run.info.artifact_uri.removeprefix("file://").startswith(f"{tmp_path}/mlartifacts/")
+    assert not (elsewhere / "mlruns").exists()
+    assert artifact_root("sqlite:////data/runs/mlflow.db") == "/data/runs/mlartifacts"
+    assert artifact_root("http://mlflow:5000") is None
 
 
 @pytest.mark.usefixtures("ray_session")
-def test_ray_run_is_logged_from_the_controller_with_the_stage_timeline(tmp_path: Path):
+def test_a_grown_ray_run_matches_the_reference_reports_its_stages_and_is_logged_from_the_controller(tmp_path: Path):
+    from tests.test_runtime import _assert_same_weights
+
+    reference = train_local(_tracked(tmp_path, "tracked-ray", mlflow=False), progress=None)
     cfg = _tracked(tmp_path, "tracked-ray")
     lines: list[str] = []
     with Pipeline(cfg) as p:
-        p.train(progress=lines.append)
+        result = p.train(progress=lines.append)
+        net = p.final_net()
+    _assert_same_weights(reference.net, net, atol=1e-6)
+    assert result["blocks"] == 3 and result["growth"][0]["kind"] == "layer"
+    assert any(line.startswith("grow   +layer block 2 (mlp) -> 3 blocks, stage actor 2") for line in lines)
+    stages = result["stages"]
+    assert [s["stage"] for s in stages] == [0, 1, 2]
+    for s in stages:
+        assert 0 < s["utilisation"] <= 1 and s["busy_s"] > 0 and s["samples_per_second"] > 0
+    assert result["hop_overhead_ms"] is not None and result["hop_overhead_ms"] >= 0
+    events = result["timeline"]["traceEvents"]
+    assert {e["tid"] for e in events} == {0, 1} and all(e["ph"] == "X" and e["dur"] >= 0 for e in events)
+
     client, run = _only_run(cfg.tracking.uri)
     names = _check_logged_run(client, run, blocks=3)
     assert {"pipeline_trace.json", "plots/stage_timeline.png"} <= names
@@ -100,36 +124,52 @@ def _wait(predicate, timeout: float = 120.0) -> None:
 
 @pytest.mark.usefixtures("ray_session")
 def test_a_ray_run_stopped_midway_ends_killed_with_its_reason_and_releases_everything(tmp_path, monkeypatch):
+    """As the driver stops a run on an error or Ctrl-C: the MLflow run KILLED, the stages, the controller and
+    their CPUs released, and the progress bar (drawn in place while the epochs ran) cleared."""
+    import io
+    import re
     import threading
 
     import ray
+
+    from growpipe.progress import EpochBar
 
     monkeypatch.setenv("GROWPIPE_STEP_DELAY_MS", "20")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracking = {"mlflow": True, "uri": uri, "experiment": "tests", "workdir": str(tmp_path)}
     cfg = tiny_config(name="stopped", threads=1, train={"epochs": 200}, tracking=tracking)
     free = ray.available_resources().get("CPU", 0)
+    stream = io.StringIO()
+    bar = EpochBar(stream, active=True)
     p = Pipeline(cfg).start()
     errors: list[BaseException] = []
 
     def train() -> None:
         try:
-            p.train(progress=None)
+            p.train(progress=bar.line, bar=bar)
         except PipelineError as e:
             errors.append(e)
 
     thread = threading.Thread(target=train)
     thread.start()
-    _wait(lambda: ray.get(p.controller.status.remote())["epoch"] >= 3)
+    cleared_line = re.compile(r"\r\x1b\[Kepoch +\d+/200 \| blocks 2")  # the bar cleared before an epoch's line
+    _wait(lambda: ray.get(p.controller.status.remote())["epoch"] >= 3 and cleared_line.search(stream.getvalue()))
+    stopped_in = ray.get(p.controller.status.remote())["epoch"]
     p.stop("stopped by the test")
     thread.join(timeout=60)
     assert errors and "stopped: stopped by the test" in str(errors[0])
+    drawn = stream.getvalue()
+    assert re.search(r"\repoch \d+/200 \[[#-]+\] +\d+/22 batches", drawn), drawn[-500:]
+    assert drawn.endswith(("\n", "\r\x1b[K"))  # not left on the bar: the error starts on a clean line
+    assert not EpochBar(io.StringIO()).active  # not a terminal: plain lines only
     client, run = _only_run(uri)
     assert run.info.status == "KILLED" and run.data.tags["growpipe.end_reason"] == "stopped by the test"
     logged = [m.step for m in client.get_metric_history(run.info.run_id, "test_accuracy")]
-    assert logged and max(logged) <= 3  # nothing after the stop
+    assert logged and max(logged) <= stopped_in  # nothing after the stop
     assert "error.txt" not in {a.path for a in client.list_artifacts(run.info.run_id)}
     _wait(lambda: ray.available_resources().get("CPU", 0) >= free, 30)
+    assert ray.available_resources().get("CPU", 0) == free
+    assert not actor_exists("stopped/stage0") and not actor_exists("stopped")
 
 
 def test_sigterm_ends_a_local_run_as_killed(tmp_path: Path):

@@ -48,7 +48,7 @@ def test_threshold_sweep_reuses_stored_predictions_without_training(tmp_path: Pa
                  "--set", "tracking.mlflow=false", "--save", str(ck), "-q"])  # fmt: skip
     assert code == 0
     state_before = (ck / "state.pt").read_bytes()
-    grid = [0.4, 0.8, 0.99]
+    grid = [0.4, 0.99]
     path = _sweep_file(
         tmp_path,
         kind="thresholds",
@@ -57,7 +57,7 @@ def test_threshold_sweep_reuses_stored_predictions_without_training(tmp_path: Pa
         cost_weight=0.2,
     )
     summary = run_sweep(load_sweep(path))
-    assert len(summary["trials"]) == 6 and all(t["error"] is None for t in summary["trials"])
+    assert len(summary["trials"]) == 4 and all(t["error"] is None for t in summary["trials"])
     assert (ck / "state.pt").read_bytes() == state_before  # nothing retrained the source
 
     stored = load_exits(tmp_path / "out" / "exits.npz")
@@ -76,7 +76,7 @@ def test_threshold_sweep_reuses_stored_predictions_without_training(tmp_path: Pa
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = client.get_experiment_by_name("sweeps")
     children = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}'")
-    assert len(children) == 6
+    assert len(children) == 4
 
 
 @pytest.mark.parametrize(

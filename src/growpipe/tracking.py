@@ -46,10 +46,19 @@ def run_url(uri: str, experiment: str | None, run_id: str) -> str:
     return f"{run_id} in {uri} (mlflow ui, then http://127.0.0.1:5000/{page})"
 
 
-def experiment_id(client: Any, name: str) -> str:
-    """The id of MLflow experiment `name`, created when missing."""
+def artifact_root(uri: str) -> str | None:
+    """Where the artifacts of a new experiment in the store at `uri` go: for a sqlite file, `mlartifacts/`
+    beside it (MLflow's own default, ./mlruns, is relative to whichever process creates the experiment: a
+    Ray worker's, e.g. a job's temporary copy of the checkout); for a server, its own choice (None)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return str(Path(uri.removeprefix("sqlite:///").split("?")[0]).parent / "mlartifacts")
+
+
+def experiment_id(client: Any, name: str, uri: str) -> str:
+    """The id of MLflow experiment `name` in the store at `uri`, created when missing."""
     exp = client.get_experiment_by_name(name)
-    return exp.experiment_id if exp else client.create_experiment(name)
+    return exp.experiment_id if exp else client.create_experiment(name, artifact_location=artifact_root(uri))
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -295,7 +304,7 @@ class MlflowTracker(RunCallback):
 
             client = MlflowClient(tracking_uri=self.uri)
             if self.run_id is None:
-                exp_id = experiment_id(client, self.cfg.tracking.experiment)
+                exp_id = experiment_id(client, self.cfg.tracking.experiment, self.uri)
                 self.run_id = client.create_run(exp_id, run_name=self.run_name, tags=self._tags()).info.run_id
             self.experiment_id = client.get_run(self.run_id).info.experiment_id
             self._client = client
@@ -369,14 +378,15 @@ def replay(path: str | Path, uri: str | None = None, say: Any = print) -> str:
     if not lines or lines[0].get("op") != "run":
         raise ConfigError(f"{path}: not a growpipe mlflow-unsent file (its first line names the run)")
     head, entries = lines[0], lines[1:]
-    client = MlflowClient(tracking_uri=uri or head["uri"])
+    uri = uri or head["uri"]
+    client = MlflowClient(tracking_uri=uri)
     run_id = head.get("run_id")
     try:
         client.get_run(run_id) if run_id else None
     except MlflowException:
         run_id = None
     if run_id is None:
-        exp = experiment_id(client, head["experiment"])
+        exp = experiment_id(client, head["experiment"], uri)
         run_id = client.create_run(exp, run_name=head["run_name"], tags=head.get("tags") or {}).info.run_id
     skipped = 0
     for entry in entries:

@@ -17,6 +17,7 @@ from growpipe.prepare import logical_cpus_needed, resolve_paths
 from growpipe.progress import EpochBar
 from growpipe.runtime import NAMESPACE
 from growpipe.runtime.controller import launch_controller
+from growpipe.runtime.placement import reserved_bundles_problem
 
 POLL_S = 0.5
 
@@ -107,7 +108,12 @@ class Pipeline:
         self._stop_reason: str | None = None
 
     def start(self) -> Pipeline:
-        """Connect to Ray and launch the controller (refuses a second live run with the same name)."""
+        """Connect to Ray and launch the controller (refuses a second live run with the same name, and a
+        reserved placement group without a bundle for each block the run may grow to)."""
+        if self.reserved is not None:
+            pg, first = self.reserved
+            if why := reserved_bundles_problem(self.cfg, len(pg.bundle_specs), first):
+                raise InputError(why)
         self._owns_ray, self.dashboard_url = connect(self.cfg, self.address)
         try:
             ray.get_actor(self.run_name, namespace=NAMESPACE)
@@ -134,6 +140,15 @@ class Pipeline:
             progress(f"ray    dashboard {self.dashboard_url}")
         controller = self.controller  # stop() may drop the handle from another thread
         ref = controller.run.remote()
+        try:
+            return self._follow(controller, ref, progress, on_epoch, bar)
+        finally:
+            if bar is not None:
+                bar.clear()  # also when the run fails or is stopped: its error starts on a clean line
+
+    def _follow(self, controller: Any, ref: Any, progress: Callable[[str], None] | None,
+                on_epoch: Callable[[dict[str, Any]], None] | None, bar: EpochBar | None) -> dict[str, Any]:  # fmt: skip
+        """Pass on the controller's lines, rows and bar until its run() (`ref`) returns; its result."""
         seen = rows = 0
         try:
             while True:

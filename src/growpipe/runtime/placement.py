@@ -39,6 +39,18 @@ def stage_bundle(cfg: RunConfig, cluster_has_gpus: bool) -> dict[str, float]:
     return bundle
 
 
+def reserved_bundles_problem(cfg: RunConfig, bundles: int, first: int) -> str | None:
+    """Why a run does not fit the reserved placement group of `bundles` bundles it was given from bundle
+    `first` on (None: it fits): it needs one bundle per block it may grow to."""
+    have, need = bundles - first, cfg.max_blocks()
+    if have >= need:
+        return None
+    return (
+        f"reserved: the placement group has {have} bundle(s) from bundle {first} on, for a run of up to {need} "
+        f"blocks (net.blocks plus grow.schedule, or grow.max_blocks); reserve one bundle per block"
+    )
+
+
 def make_stage_pg(cfg: RunConfig, n: int, strategy: str) -> Any:
     """A placement group of n stage bundles, ready within runtime.placement_timeout_s, else a PipelineError
     that says what is short and what to lower."""

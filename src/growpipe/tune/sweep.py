@@ -108,7 +108,7 @@ class SweepRecord:
             from mlflow.tracking import MlflowClient
 
             self.client = MlflowClient(tracking_uri=self.uri)
-            self.experiment_id = experiment_id(self.client, cfg.tracking.experiment)
+            self.experiment_id = experiment_id(self.client, cfg.tracking.experiment, self.uri)
             if run_id is not None:
                 self.client.update_run(run_id, status="RUNNING")
                 self.run_id = run_id
