@@ -97,6 +97,25 @@ def digits_on_disk(tmp_path_factory) -> str:
     return f"parquet:{root}"
 
 
+@pytest.fixture(scope="session")
+def _mlflow_template(tmp_path_factory) -> Path:
+    """An empty MLflow sqlite store, its tables created once per session (seconds of schema migrations)."""
+    from mlflow.tracking import MlflowClient
+
+    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
+    return path
+
+
+@pytest.fixture
+def mlflow_db(tmp_path: Path, _mlflow_template: Path) -> str:
+    """`tmp_path/mlflow.db`, an empty MLflow store (a copy of the session's template); its sqlite URI."""
+    import shutil
+
+    shutil.copyfile(_mlflow_template, tmp_path / "mlflow.db")
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
 def actor_exists(name: str) -> bool:
     """Whether a named growpipe actor (a run's controller "NAME" or stage "NAME/stageI") is alive."""
     import ray

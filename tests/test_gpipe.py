@@ -22,6 +22,7 @@ def test_micro_batches_cover_the_batch_and_bad_configs_are_refused():
 
 
 @pytest.mark.usefixtures("ray_session")
+@pytest.mark.usefixtures("mlflow_db")  # an empty store at tmp_path/mlflow.db
 def test_gpipe_grows_checkpoints_and_resumes_like_single_process_bp(tmp_path):
     """Method bp on the stage actors goes through the same run loop: a planned growth (the earlier stages
     frozen), restore points, MLflow, and a resume from the one written at the growth end, each with the

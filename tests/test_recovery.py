@@ -91,6 +91,7 @@ def test_without_checkpoints_a_lost_stage_fails_the_run_clearly_within_seconds(t
 
 
 @pytest.mark.usefixtures("ray_session")
+@pytest.mark.usefixtures("mlflow_db")  # an empty store at tmp_path/mlflow.db
 def test_killed_driver_resumes_from_its_checkpoint_in_the_same_mlflow_run(tmp_path: Path):
     """The driver of a run on a cluster (the session's Ray, as with `growpipe train --address`) is killed
     mid-run: Ray ends its actors; the same command with --resume auto goes on from the newest checkpoint."""

@@ -49,6 +49,7 @@ def _check_logged_run(client: MlflowClient, run, blocks: int) -> set[str]:
     return names
 
 
+@pytest.mark.usefixtures("mlflow_db")  # an empty store at tmp_path/mlflow.db
 def test_reference_run_is_logged_to_mlflow_with_its_artifacts_beside_the_store(tmp_path: Path, monkeypatch):
     from growpipe.tracking import artifact_root
 
@@ -66,6 +67,7 @@ def test_reference_run_is_logged_to_mlflow_with_its_artifacts_beside_the_store(t
 
 
 @pytest.mark.usefixtures("ray_session")
+@pytest.mark.usefixtures("mlflow_db")  # an empty store at tmp_path/mlflow.db
 def test_a_grown_ray_run_matches_the_reference_reports_its_stages_and_is_logged_from_the_controller(tmp_path: Path):
     from tests.test_runtime import _assert_same_weights
 
@@ -123,6 +125,7 @@ def _wait(predicate, timeout: float = 120.0) -> None:
 
 
 @pytest.mark.usefixtures("ray_session")
+@pytest.mark.usefixtures("mlflow_db")  # an empty store at tmp_path/mlflow.db
 def test_a_ray_run_stopped_midway_ends_killed_with_its_reason_and_releases_everything(tmp_path, monkeypatch):
     """As the driver stops a run on an error or Ctrl-C: the MLflow run KILLED, the stages, the controller and
     their CPUs released, and the progress bar (drawn in place while the epochs ran) cleared."""
@@ -172,6 +175,7 @@ def test_a_ray_run_stopped_midway_ends_killed_with_its_reason_and_releases_every
     assert not actor_exists("stopped/stage0") and not actor_exists("stopped")
 
 
+@pytest.mark.usefixtures("mlflow_db")  # an empty store at tmp_path/mlflow.db
 def test_sigterm_ends_a_local_run_as_killed(tmp_path: Path):
     import os
     import signal
@@ -200,6 +204,7 @@ def test_sigterm_ends_a_local_run_as_killed(tmp_path: Path):
     assert run.info.status == "KILLED" and run.data.tags["growpipe.end_reason"].startswith("interrupted")
 
 
+@pytest.mark.usefixtures("mlflow_db")  # an empty store at tmp_path/mlflow.db
 def test_a_run_records_data_machine_and_a_registered_model_that_serves_in_a_fresh_process(tmp_path, monkeypatch):
     import json
     import os

@@ -41,6 +41,7 @@ def _sweep_file(tmp_path: Path, **fields: Any) -> Path:
 
 
 @pytest.mark.usefixtures("ray_session")
+@pytest.mark.usefixtures("mlflow_db")  # an empty store at tmp_path/mlflow.db
 def test_threshold_sweep_reuses_stored_predictions_without_training(tmp_path: Path):
     ck = tmp_path / "ck"
     code = main(["train", "--runtime", "local", "--set", "method=dascpl", "--set", "net.blocks=3",
@@ -127,6 +128,7 @@ def test_domains_need_exactly_one_valid_kind():
 
 
 @pytest.mark.usefixtures("ray_session")
+@pytest.mark.usefixtures("mlflow_db")  # an empty store at tmp_path/mlflow.db
 def test_an_interrupted_optuna_sweep_resumes_without_training_any_trial_twice(tmp_path: Path):
     """SIGTERM stops the sweep the way Ctrl-C does (Tune saves its state, exit 130, the parent MLflow run
     KILLED); the same command resumes it: the trials that had finished are kept, the one that was running
