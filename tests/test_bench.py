@@ -55,6 +55,15 @@ def test_lstm_speed_quick_times_packed_and_padded(tmp_path: Path, text_dir: Path
     assert all(r["samples_per_second"] > 0 and 0 < r["real_token_fraction"] <= 1 for r in rows)
 
 
+def test_lstm_pooling_diagnosis_runs_its_cases(tmp_path: Path, text_dir: Path):
+    out = tmp_path / "pooling.json"
+    tiny = ["--set", f"data.name=parquet:{text_dir}", "--set", "net.width=8", "--set", "net.embed_dim=8"]
+    _run_bench("lstm_pooling", ["--cases", "last", "--epochs", "1", *tiny, "--json-out", str(out)])
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["case"] == "last" and row["overrides"] == ["net.lstm_pooling=last"]
+    assert -1 <= row["mean_pairwise_cosine"] <= 1 and len(row["supcon_per_epoch"]) == 1
+
+
 @pytest.mark.usefixtures("ray_session")
 def test_pipeline_benchmark_quick_writes_every_key(tmp_path: Path):
     out = tmp_path / "pipeline.json"
