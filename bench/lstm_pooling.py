@@ -3,7 +3,7 @@
 BiLSTM block's pooled features of a batch of test documents: how alike they are (mean pairwise cosine),
 how saturated its outputs are (|h| > 0.99) and their spread, next to its contrastive loss per epoch.
 
-    .venv/bin/python bench/lstm_pooling.py --json-out bench/out/lstm-pooling.json
+    .venv/bin/growpipe bench lstm-pooling --json-out bench/out/lstm-pooling.json
     .venv/bin/python bench/lstm_pooling.py --cases "last;mean" --epochs 2
 
 Prints one row per case and writes JSON (bench/RESULTS.md, "LSTM speed and the LSTM on 20 Newsgroups").

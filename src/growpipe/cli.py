@@ -147,7 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "the frozen-prefix cache, adaptive exits; elastic: a node lost and joined on a 3-raylet "
                     "cluster (seconds to shrink and to spread out, samples/s); data: stage 0's reader per format "
                     "against its block, peak RSS against dataset size; text-ablation: the seeds' text settings one "
-                    "at a time; lstm-speed: a BiLSTM step packed vs padded")  # fmt: skip
+                    "at a time; lstm-speed: a BiLSTM step packed vs padded; lstm-pooling: how alike SCPL's BiLSTM "
+                    "features end, per pooling")  # fmt: skip
     be.add_argument("args", nargs=argparse.REMAINDER, help="e.g. --quick --json-out FILE")
 
     ml = sub.add_parser("mlflow", help="MLflow helpers: send a run's entries that could not be sent")
@@ -345,6 +346,7 @@ BENCHES = {
     "data": "data.py",
     "elastic": "elastic.py",
     "growth": "growth.py",
+    "lstm-pooling": "lstm_pooling.py",
     "lstm-speed": "lstm_speed.py",
     "pipeline": "pipeline.py",
     "reference": "reference.py",
