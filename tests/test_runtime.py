@@ -98,9 +98,11 @@ def test_stages_go_into_the_bundles_they_are_given_and_growth_takes_the_next():
         remove_placement_group(pg)
 
     small = placement_group([{"CPU": 0.01}, {"CPU": 1}, {"CPU": 1}])  # no bundle for the grown block
-    too_few = Pipeline(_small("dascpl", 4, name="reserved-small", grow=grow), reserved=(small, 1))
-    needle = r"reserved: the placement group has 2 bundle\(s\) from bundle 1 on, for a run of up to 3 blocks"
-    with pytest.raises(InputError, match=needle):  # before anything starts
-        too_few.train(progress=None)
-    assert too_few.controller is None
-    remove_placement_group(small)
+    try:
+        too_few = Pipeline(_small("dascpl", 4, name="reserved-small", grow=grow), reserved=(small, 1))
+        needle = r"reserved: the placement group has 2 bundle\(s\) from bundle 1 on, for a run of up to 3 blocks"
+        with pytest.raises(InputError, match=needle):  # before anything starts
+            too_few.train(progress=None)
+        assert too_few.controller is None
+    finally:  # a failed assertion must not leave CPUs held for the tests after this one
+        remove_placement_group(small)
