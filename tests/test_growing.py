@@ -21,6 +21,7 @@ from tests.test_runtime import _assert_same_weights
 pytestmark = pytest.mark.usefixtures("ray_session")
 
 BATCH = 32
+HOLD = 5  # the batch a held epoch waits before
 
 
 def _slow_run(name: str, epochs: int):
@@ -64,16 +65,19 @@ def _wait_for_epoch(p: Pipeline, epoch: int, timeout: float = 120) -> None:
         time.sleep(0.1)
 
 
-def test_requests_grow_a_running_job_one_at_a_time_bad_ones_change_nothing_a_finished_one_refuses(monkeypatch):
+def test_requests_grow_a_running_job_one_at_a_time_bad_ones_change_nothing_a_finished_one_refuses(
+    monkeypatch, tmp_path
+):
     """Two requests at once, one from Python (request_growth) and one from `growpipe grow` in another
     process, find the job by its name on the cluster; bad ones are answered at once and change nothing."""
     import re
     import subprocess
     import sys
 
-    # 20 batches x 500 ms: an epoch outlasts placing and building a new stage (about 4 s on a quiet machine,
-    # up to 7 s under load), so the first request lands mid-epoch
-    monkeypatch.setenv("GROWPIPE_STEP_DELAY_MS", "500")
+    # stage 0 holds before batch HOLD of epoch 1 until a grow request is ready (or the gate file exists), so
+    # both requests land mid-epoch however long placement takes on a loaded machine
+    gate = tmp_path / "gate"
+    monkeypatch.setenv("GROWPIPE_HOLD_AT", f"1:{HOLD}:{gate}")
     epochs = 2
     cfg = _slow_run("growing", epochs=epochs)
     address = ray.get_runtime_context().gcs_address
@@ -103,6 +107,7 @@ def test_requests_grow_a_running_job_one_at_a_time_bad_ones_change_nothing_a_fin
                 request_growth("growing", request)
         for t in askers:
             t.join(timeout=120)
+        gate.touch()  # both served: let the epoch go on
         result = run.result()
         net = p.final_net()
         with pytest.raises(PipelineError, match="run 'growing' has finished; nothing to grow"):
@@ -116,7 +121,8 @@ def test_requests_grow_a_running_job_one_at_a_time_bad_ones_change_nothing_a_fin
     assert sorted([answers[0]["block"], int(cli_block.group(1))]) == [2, 3]
     assert [g["blocks"] for g in result["growth"]] == [3, 4] and result["blocks"] == 4
     assert all(g["source"] == "request" for g in result["growth"])
-    assert result["growth"][0]["batch"] is not None  # mid-epoch: the pipeline paused, grew and resumed
+    # mid-epoch: the pipeline paused before batch HOLD, grew, resumed there and paused again for the second
+    assert [(g["epoch"], g["batch"]) for g in result["growth"]] == [(0, HOLD), (0, HOLD)]
     with pytest.raises(PipelineError, match="no run named 'growing'"):
         request_growth("growing", {"kind": "layer"})
     # no packet lost: every stage saw every batch from the moment it joined, the earlier stages all of them

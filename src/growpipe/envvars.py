@@ -46,6 +46,23 @@ def fault_at() -> tuple[int, int] | None:
     return int(stage), int(step)
 
 
+GROWPIPE_HOLD_AT = "GROWPIPE_HOLD_AT"
+"""A gate for tests: "EPOCH:BATCH:PATH" makes the source stage wait before batch BATCH of epoch EPOCH until a
+pause is asked for (a grow request is ready) or the file PATH exists. A test that needs a request to land
+mid-epoch holds the epoch open this way instead of betting that placement beats the rest of the epoch."""
+
+
+def hold_at() -> tuple[int, int, str] | None:
+    """(epoch, batch, gate file) from GROWPIPE_HOLD_AT, or None."""
+    raw = os.environ.get(GROWPIPE_HOLD_AT)
+    if not raw:
+        return None
+    epoch, batch, path = (raw.split(":", 2) + ["", ""])[:3]
+    if not (epoch.isdigit() and batch.isdigit() and path):
+        raise ValueError(f"{GROWPIPE_HOLD_AT}={raw!r}: expected EPOCH:BATCH:PATH, e.g. 1:5:/tmp/gate")
+    return int(epoch), int(batch), path
+
+
 GROWPIPE_STEP_DELAY_MS = "GROWPIPE_STEP_DELAY_MS"
 """Slows every stage's train step by this many milliseconds: for tests and demos of growing a running job
 (a tiny model's epochs are otherwise over before a new stage actor has started)."""

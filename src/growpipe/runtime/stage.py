@@ -12,6 +12,7 @@ Stage is a plain class (testable without Ray); the controller applies `ray.remot
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from collections import deque
@@ -56,6 +57,7 @@ class Stage(StageBase):
         self.cache: PrefixCache | None = None
         self._sending_cache = False  # what goes downstream now is a cache pass, not training
         self.delay_s = envvars.step_delay_s()
+        self.hold = envvars.hold_at()
         fault = envvars.fault_at()
         self.fault_step = fault[1] if fault and fault[0] == index else None
 
@@ -110,6 +112,8 @@ class Stage(StageBase):
             self.stats.wait_input_s += time.perf_counter() - t0
             if p is None:
                 break
+            if self.hold is not None and self.hold[:2] == (epoch, p.index):
+                self._wait_at_gate(self.hold[2])
             if self._pause.is_set() or (stop_at is not None and p.index >= stop_at):
                 paused_at = p.index
                 break
@@ -117,6 +121,11 @@ class Stage(StageBase):
             self._position = (p.index + 1, self._position[1])
         self._pause.clear()
         return self.flush(), paused_at
+
+    def _wait_at_gate(self, gate: str) -> None:
+        """GROWPIPE_HOLD_AT: wait here until a pause is asked for or the gate file exists."""
+        while not self._pause.is_set() and not os.path.exists(gate):
+            self._pause.wait(0.05)
 
     @ray.method(concurrency_group="control")
     def position(self) -> tuple[int, int]:
