@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from growpipe.checkpoint import CheckpointStore
+from growpipe.errors import CheckpointError
 from growpipe.loop.callbacks import RunCallback
 from growpipe.loop.engine import EpochPart, Prepared, WorkerLost
 from growpipe.loop.loop import RunLoop
@@ -242,9 +243,25 @@ def test_a_failing_block_or_no_restarts_left_ends_the_run(tmp_path: Path):
         def evaluate(self):
             raise ValueError("a block's exit failed")
 
-    loop, _ = _loop(_cfg(checkpoint={"enabled": True}), Broken(), tmp_path)
+    loop, _ = _loop(_cfg(checkpoint={"enabled": True, "overwrite": True}), Broken(), tmp_path)
     assert loop.run() == {"error": "ValueError: a block's exit failed"}  # not a lost worker: no retry
     assert isinstance(loop.failure, ValueError)
+
+
+def test_a_new_run_never_takes_the_checkpoints_of_an_earlier_run_of_its_name_unless_told(tmp_path: Path):
+    first, _ = _loop(_cfg(checkpoint={"enabled": True}), FakeEngine(), tmp_path)
+    first.run()
+    store = CheckpointStore(str(tmp_path), "fake")
+    kept = [store.read_manifest(c)["written_at"] for c in store.complete()]
+    engine = FakeEngine()
+    again, _ = _loop(_cfg(checkpoint={"enabled": True}), engine, tmp_path)
+    error = again.run()["error"]
+    assert error.startswith("name: run 'fake' already has 2 checkpoint(s)") and "--resume fake" in error
+    assert isinstance(again.failure, CheckpointError) and not any(c[0] == "open" for c in engine.calls)
+    assert [store.read_manifest(c)["written_at"] for c in store.complete()] == kept  # untouched
+    replace, _ = _loop(_cfg(checkpoint={"enabled": True, "overwrite": True}), FakeEngine(), tmp_path)
+    assert "error" not in replace.run()
+    assert not set(kept) & {store.read_manifest(c)["written_at"] for c in store.complete()}  # replaced
 
 
 def test_resume_goes_on_after_the_checkpoint_without_repeating_growth(tmp_path: Path):

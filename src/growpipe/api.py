@@ -63,10 +63,11 @@ def grow(run: str, request: dict[str, Any] | None = None, *, address: str | None
     """Ask running job `run` to append a block (`request` and/or fields: kind, group, width, input_size);
     returns what was added (block, blocks, epoch, batch, stage). The request is validated before the
     cluster is reached; a refusal raises InputError with the run's reason."""
-    from growpipe.config import parse_grow_request
+    from growpipe.config import check_run_name, parse_grow_request
     from growpipe.runtime.client import connect_existing, request_growth
 
     ask = {**(request or {}), **{k: v for k, v in fields.items() if v is not None}}
+    check_run_name(run, "--run")
     parse_grow_request(ask)
     connect_existing(address)
     return request_growth(run, ask, timeout_s)

@@ -23,7 +23,7 @@ import torch
 
 from growpipe.config import RunConfig, build_config
 from growpipe.errors import CheckpointError
-from growpipe.fsutil import atomic_write_dir
+from growpipe.outputs import write_checkpoint_dir
 
 FORMAT_VERSION = 2
 NAME = re.compile(r"^ckpt-(\d{6})-(\d{7})-(\d{4})$")
@@ -137,13 +137,27 @@ class CheckpointStore:
                 self.fs.delete_dir(path)
 
     def clear(self) -> int:
-        """Remove every checkpoint directory of this run (a fresh run reusing the name); how many went."""
+        """Remove every checkpoint directory of this run (a fresh run reusing the name, --overwrite); how many
+        went."""
         dirs = self._dirs()
         for path, _ in dirs:
             self.fs.delete_dir(path)
         return len(dirs)
 
     # ---- reading -----------------------------------------------------------------------------------------
+    def foreign(self) -> list[str]:
+        """What the run's folder holds that growpipe did not put there (anything but ckpt-* folders); a file
+        where the folder should be is listed as itself."""
+        from pyarrow import fs
+
+        info = self.fs.get_file_info(self.root)
+        if info.type == fs.FileType.NotFound:
+            return []
+        if info.type != fs.FileType.Directory:
+            return [self.root]
+        entries = self.fs.get_file_info(fs.FileSelector(self.root))
+        return sorted(e.base_name for e in entries if not (NAME.match(e.base_name) and e.type == fs.FileType.Directory))
+
     def _dirs(self) -> list[tuple[str, tuple[int, int, int]]]:
         from pyarrow import fs
 
@@ -197,6 +211,22 @@ class CheckpointStore:
                 read[entry["file"]] = decode_shard(data, entry, ckpt_dir)
             out.append(read[entry["file"]][str(index)])
         return out
+
+
+def run_folder_problem(store: CheckpointStore, fresh: bool, overwrite: bool) -> str | None:
+    """Why a run may not write its checkpoints into `store` (None: it may): its folder holds what growpipe
+    did not write, or (a `fresh` start, not `overwrite`) an earlier run of the same name left restore points."""
+    if foreign := store.foreign():
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        return (f"checkpoint.uri: {store.root} holds what growpipe did not write ({shown}); refusing to write "
+                "checkpoints there: choose another checkpoint.uri or name")  # fmt: skip
+    done = store.complete() if fresh and not overwrite else []
+    if not done:
+        return None
+    name, newest = store.run_name, done[-1]
+    return (f"name: run {name!r} already has {len(done)} checkpoint(s) in {store.root} (newest: epoch {newest.epoch}"
+            f", batch {newest.batch}); continue it with --resume {name}, start another with --set name=OTHER, or "
+            "replace them with --overwrite")  # fmt: skip
 
 
 def _read_manifest(filesystem: Any, path: str) -> dict[str, Any]:
@@ -287,7 +317,7 @@ def save_net(path: str | Path, net: Any, cfg: RunConfig, summary: dict[str, Any]
         (tmp / "state.pt").write_bytes(data)
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
-    return atomic_write_dir(path, fill)
+    return write_checkpoint_dir(path, fill)
 
 
 def load_net(path: str | Path, device: torch.device | str = "cpu") -> tuple[Any, dict[str, Any], RunConfig]:

@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--plot-out", metavar="PNG", help="plot accuracy vs compute (every exit, adaptive) here")
     tr.add_argument("--save", metavar="DIR", help="write a checkpoint directory here (weights + manifest)")
     tr.add_argument("--quiet", "-q", action="store_true", help="no per-epoch progress lines")
+    tr.add_argument("--overwrite", action="store_true", help="replace the checkpoints an earlier run of the same "
+                    "name left (checkpoint.overwrite); without it such a run is refused")  # fmt: skip
     tr.add_argument(
         "--resume",
         metavar="NAME",
@@ -173,7 +175,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from growpipe.api import train
     from growpipe.checkpoint import save_net
     from growpipe.config import load_config
-    from growpipe.fsutil import atomic_write_json
+    from growpipe.outputs import write_json
     from growpipe.prepare import check_run, resolve_paths, temporary_workdir_warning
     from growpipe.progress import EpochBar
     from growpipe.report import format_report, format_stage_table, format_topology_changes
@@ -188,17 +190,19 @@ def _cmd_train(args: argparse.Namespace) -> int:
         print(f"resume {resume_from or 'nothing to resume: starting run ' + repr(cfg.name)}")
     else:
         cfg = load_config(args.config, args.overrides)
+    if args.overwrite:
+        cfg = cfg.model_copy(update={"checkpoint": cfg.checkpoint.model_copy(update={"overwrite": True})})
     if warning := temporary_workdir_warning(cfg):
         print(warning)
     cfg = resolve_paths(cfg)
     outputs = {
-        "--json-out": args.json_out,
-        "--save": args.save,
-        "--plot-out": args.plot_out,
-        "--trace-out": args.trace_out,
+        "--json-out": (args.json_out, "json"),
+        "--save": (args.save, "checkpoint"),
+        "--plot-out": (args.plot_out, "png"),
+        "--trace-out": (args.trace_out, "json"),
     }
     embedded = args.runtime == "ray" and not (args.address or os.environ.get("RAY_ADDRESS"))
-    check_run(cfg, outputs, embedded_ray=embedded)
+    check_run(cfg, outputs, embedded_ray=embedded, fresh=resume_from is None, warn=print)
     if cfg.method == "bp" and args.runtime == "ray":
         from growpipe.runtime.gpipe import check_bp
 
@@ -217,9 +221,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
         title = f"{cfg.method} on {cfg.data.name}, {summary['blocks']} blocks"
         summary["plots"] = {"accuracy_vs_compute": str(_plot(summary, args.plot_out, title))}
     if args.json_out:
-        print(f"result JSON: {atomic_write_json(args.json_out, summary)}")
+        print(f"result JSON: {write_json(args.json_out, summary)}")
     if args.trace_out and "timeline" in summary:
-        print(f"timeline: {atomic_write_json(args.trace_out, summary['timeline'])} (open in https://ui.perfetto.dev)")
+        trace = write_json(args.trace_out, summary["timeline"], "--trace-out")
+        print(f"timeline: {trace} (open in https://ui.perfetto.dev)")
     if args.save:
         path = save_net(args.save, run.net, cfg, summary)
         print(f"checkpoint: {path}  (growpipe evaluate --checkpoint {path})")
@@ -227,6 +232,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
         print(f"MLflow: experiment {cfg.tracking.experiment!r} in {cfg.tracking.uri}")
         print(f"  UI: {ui_command(cfg.tracking.uri)}")
     return 0
+
+
+def _check_outputs(outputs: dict[str, Any]) -> None:
+    """Refuse, before any work, output paths the command could not write or must not replace."""
+    from growpipe.outputs import check_outputs
+    from growpipe.prepare import refuse
+
+    refuse(check_outputs(outputs))
 
 
 def _grow_request(args: argparse.Namespace) -> dict[str, object]:
@@ -273,9 +286,10 @@ def _plot(ev: dict[str, Any], path: str, title: str) -> Path:
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from growpipe.api import evaluate
-    from growpipe.fsutil import atomic_write_json
+    from growpipe.outputs import write_json
     from growpipe.report import format_exits
 
+    _check_outputs({"--json-out": (args.json_out, "json"), "--plot-out": (args.plot_out, "png")})
     ev = evaluate(args.checkpoint, args.overrides)
     print(f"{ev['method']} on {ev['dataset']}: {ev['blocks']} blocks, full-path accuracy {ev['full_accuracy']:.4f}")
     print(format_exits(ev))
@@ -283,16 +297,17 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         title = f"{ev['method']} on {ev['dataset']}, {ev['blocks']} blocks"
         ev["plots"] = {"accuracy_vs_compute": str(_plot(ev, args.plot_out, title))}
     if args.json_out:
-        print(f"evaluation JSON: {atomic_write_json(args.json_out, ev)}")
+        print(f"evaluation JSON: {write_json(args.json_out, ev)}")
     return 0
 
 
 def _cmd_partition(args: argparse.Namespace) -> int:
     from growpipe.config import dump_config, load_config
-    from growpipe.fsutil import atomic_write_json, atomic_write_text
+    from growpipe.outputs import write_json, write_yaml
     from growpipe.partition import plan_partition
 
     cfg = load_config(args.config, args.overrides)
+    _check_outputs({"--write": (args.write, "yaml"), "--json-out": (args.json_out, "json")})
     if args.measure and cfg.method == "bp" and cfg.runtime.bp_schedule == "ddp":
         raise ConfigError("runtime.bp_schedule: ddp is data-parallel and has no stages to measure; "
                           "use gpipe or 1f1b with --measure")  # fmt: skip
@@ -319,25 +334,27 @@ def _cmd_partition(args: argparse.Namespace) -> int:
         print(f"{i:>5}  {n:>6}  {ms:>12.2f}  {mb:>9.1f}  {got}")
     print(f"net.blocks: {args.stages}, net.layers: {report['layers']}")
     if args.write:
-        print(f"config: {atomic_write_text(args.write, dump_config(part))}  (growpipe train --config {args.write})")
+        written = write_yaml(args.write, dump_config(part), f"growpipe partition --stages {args.stages}")
+        print(f"config: {written}  (growpipe train --config {args.write})")
     if args.json_out:
-        print(f"partition JSON: {atomic_write_json(args.json_out, report)}")
+        print(f"partition JSON: {write_json(args.json_out, report)}")
     return 0
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
-    from growpipe.fsutil import atomic_write_json
+    from growpipe.outputs import write_json
     from growpipe.tune.spec import load_sweep
     from growpipe.tune.sweep import prepare, run_sweep
 
     spec = load_sweep(args.file, args.overrides)
+    _check_outputs({"--json-out": (args.json_out, "json")})
     if args.check:
         _, cfgs = prepare(spec)
         print(f"{args.file}: ok ({spec.kind}, {len(cfgs)} search-space corners checked as run configs)")
         return 0
     summary = run_sweep(spec, args.address, resume=True if args.resume else False if args.fresh else None)
     if args.json_out:
-        print(f"sweep JSON: {atomic_write_json(args.json_out, summary)}")
+        print(f"sweep JSON: {write_json(args.json_out, summary)}")
     return 0
 
 
@@ -391,26 +408,45 @@ def _cmd_data(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sigterm_is_interrupt(command: str) -> Any:
-    """SIGTERM (`ray job stop`, `kill`, a pod ending) stops a command as Ctrl-C does: the run is released
-    and recorded as stopped before the process ends (a sweep: Tune saves its state). Returns the handler it
-    replaced."""
+def _sweep_stop(signum: int) -> None:
+    """A sweep stops as Tune stops on Ctrl-C (gracefully, saving what a resume needs): SIGTERM becomes SIGINT,
+    which Tune handles while trials run (and this module's handler, raising KeyboardInterrupt, otherwise)."""
     import signal
-    import threading
 
-    def interrupt(signum: int, _frame: Any) -> None:
-        if command == "sweep":  # Tune stops gracefully on SIGINT (and saves what a resume needs)
-            signal.raise_signal(signal.SIGINT)
-            return
-        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
-
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.signal(signal.SIGTERM, interrupt)
+    if signum == signal.SIGTERM:
+        signal.raise_signal(signal.SIGINT)
+    else:
+        raise KeyboardInterrupt("signal SIGINT")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `growpipe` console script."""
+    """Entry point of the `growpipe` console script (argv None: this process's arguments; it then also
+    exits at once when stopped, see _exit_when_stopped); the exit code."""
+    code = _run(argv)
+    if argv is None:
+        _exit_when_stopped(code)
+    return code
+
+
+def _exit_when_stopped(code: int) -> None:
+    """The console script ends here: exit handlers (Ray's shutdown, temporary folders) run now, with a signal
+    meanwhile ending the process at once as stopped; then the process exits without the interpreter's
+    teardown, which a half-started Ray's C++ threads can crash and during which signals are not handled."""
+    import atexit
+
+    from growpipe import signals
+
+    if not signals.received():
+        signals.exit_at_once_on_signal()
+        atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    from growpipe import signals
+
     args = build_parser().parse_args(argv)
     handlers = {
         "train": _cmd_train,
@@ -422,20 +458,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         "mlflow": _cmd_mlflow,
         "bench": _cmd_bench,
     }
-    previous = _sigterm_is_interrupt(args.command)
+    restore = signals.install(_sweep_stop if args.command == "sweep" else None)
     try:
-        return handlers[args.command](args)
+        code = handlers[args.command](args)
+        signals.check()  # a stop whose KeyboardInterrupt was swallowed where it landed still ends as a stop
+        return code
+    except KeyboardInterrupt:
+        return _stopped(args.command)
     except GrowpipeError as e:
+        if signals.received():  # the run ended because it was being stopped
+            return _stopped(args.command)
         print(f"growpipe {args.command}: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, BAD_INPUT) else 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
     finally:
-        if previous is not None:
-            import signal
+        restore()
 
-            signal.signal(signal.SIGTERM, previous)
+
+def _stopped(command: str) -> int:
+    """Say that the command was stopped, kill what it started that still runs; 130 (SIGINT) or 143 (SIGTERM)."""
+    from growpipe import signals
+
+    print(f"growpipe {command}: stopped by {signals.describe()}", file=sys.stderr)
+    signals.end_descendants()
+    return signals.exit_code()
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ are collected and reported together, one line each, naming the field and what to
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -14,6 +15,27 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from growpipe.errors import ConfigError
+
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+"""A run's name becomes a folder, a Ray actor name and an MLflow run name: letters, digits, '_', '.', '-'."""
+
+
+def run_name_problem(name: str) -> str | None:
+    """Why `name` cannot name a run (None: it can)."""
+    if RUN_NAME.fullmatch(name) and ".." not in name:
+        return None
+    return (
+        f"{name!r} is not a run name: use letters, digits, '_', '.' and '-', starting with a letter or digit, "
+        "no '..', at most 128 characters (it names the run's checkpoint folder, Ray actor and MLflow run)"
+    )
+
+
+def check_run_name(name: str, field: str) -> str:
+    """`name`, or ConfigError naming `field` (--run, --resume, name) when it cannot name a run."""
+    if why := run_name_problem(name):
+        raise ConfigError(f"{field}: {why}")
+    return name
+
 
 DATASET_NAMES = ("digits", "fashion-mnist", "20newsgroups", "cifar10", "cifar100")
 DATASET_PREFIXES = ("hf:", "parquet:", "csv:", "json:", "imagefolder:")
@@ -423,6 +445,8 @@ class EvalSpec(_Strict):
     @field_validator("thresholds")
     @classmethod
     def _in_unit_interval(cls, v: list[float]) -> list[float]:
+        if not v:
+            raise ValueError("give at least one threshold in [0, 1], e.g. [0.9, 0.99]")
         bad = [t for t in v if not 0.0 <= t <= 1.0]
         if bad:
             raise ValueError(f"thresholds {bad} are outside [0, 1]; confidences are probabilities")
@@ -502,6 +526,9 @@ class CheckpointSpec(_Strict):
     """Also write one every N batches inside an epoch (0: never); the pipeline drains first."""
     keep: int = Field(2, ge=1)
     """How many complete checkpoints to keep (older ones are deleted after a new one is complete)."""
+    overwrite: bool = False
+    """A new run whose name already has checkpoints here replaces them (growpipe train --overwrite); without
+    it such a run is refused, so an earlier run's restore points are never lost to a new run of its name."""
 
 
 class TrackingSpec(_Strict):
@@ -533,7 +560,8 @@ class RunConfig(_Strict):
 
     name: str | None = None
     """The run's name: its controller actor on the cluster, its MLflow run, its checkpoint folder; default
-    METHOD-DATASET-TIME (e.g. al-digits-20261124-101500-3fa2), chosen when the run starts."""
+    METHOD-DATASET-TIME (e.g. al-digits-20261124-101500-3fa2), chosen when the run starts. Letters, digits,
+    '_', '.' and '-', starting with a letter or digit, no '..', at most 128 characters."""
     method: Literal["al", "scpl", "dascpl", "bp"] = "al"
     """The learning rule: al, scpl, dascpl (local objectives per block) or bp (end to end)."""
     seed: int = 0
@@ -562,6 +590,13 @@ class RunConfig(_Strict):
     """Where the run is recorded (MLflow)."""
     checkpoint: CheckpointSpec = CheckpointSpec()
     """Restore points for resume and recovery."""
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, v: str | None) -> str | None:
+        if v is not None and (why := run_name_problem(v)):
+            raise ValueError(why)
+        return v
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:
@@ -610,17 +645,59 @@ class RunConfig(_Strict):
         return self.train.epochs + sum(s.epochs for s in self.grow.schedule)
 
 
-def _format_errors(err: ValidationError, source: str) -> str:
-    lines = [f"{source}: {err.error_count()} problem(s)"]
+def _format_errors(err: ValidationError, source: str, lines: dict[tuple[str, ...], int] | None = None) -> str:
+    """One line per problem, the field named as the user wrote it (`lines`: where each YAML key is)."""
+    problems = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        tags = [str(p) for p in e["loc"] if _is_union_tag(p)]
+        if tags and tags[0].startswith("literal[") and isinstance(e["input"], dict):
+            continue  # a mapping was meant for the model member of a `literal | model` field: its errors say why
+        loc = tuple(str(p) for p in e["loc"] if not _is_union_tag(p))
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown field; check the spelling (see configs/ for every field)"
         elif e["type"] == "literal_error":
             msg = f"got {e['input']!r}; {msg.lower()}"
-        lines.append(f"  {loc}: {msg}")
-    return "\n".join(lines)
+        where = _line_of(loc, lines)
+        problems.append(f"  {'.'.join(loc) or '(top level)'}{where}: {msg}")
+    return "\n".join([f"{source}: {len(problems)} problem(s)", *problems])
+
+
+def _is_union_tag(part: Any) -> bool:
+    """pydantic's name for a member of a union in an error location, e.g. `function-after[...]`."""
+    return isinstance(part, str) and ("[" in part or "(" in part)
+
+
+def _line_of(loc: tuple[str, ...], lines: dict[tuple[str, ...], int] | None) -> str:
+    """' (line N)' of the deepest key of `loc` the YAML file has, or ''."""
+    for n in range(len(loc), 0, -1):
+        if lines and loc[:n] in lines:
+            return f" (line {lines[loc[:n]]})"
+    return ""
+
+
+def yaml_key_lines(text: str) -> dict[tuple[str, ...], int]:
+    """Where each key of a YAML mapping is (1-based line), by its path of keys (list items by index)."""
+    out: dict[tuple[str, ...], int] = {}
+
+    def walk(node: yaml.Node, path: tuple[str, ...]) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                here = (*path, str(key.value))
+                out[here] = key.start_mark.line + 1
+                walk(value, here)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                out[(*path, str(i))] = item.start_mark.line + 1
+                walk(item, (*path, str(i)))
+
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return out
+    if root is not None:
+        walk(root, ())
+    return out
 
 
 def parse_value(text: str) -> Any:
@@ -665,24 +742,31 @@ def parse_grow_request(raw: dict[str, Any]) -> GrowRequest:
         raise ConfigError(_format_errors(err, "grow request")) from None
 
 
-def build_config(raw: dict[str, Any] | None, source: str = "config") -> RunConfig:
-    """Validate a raw mapping; raise ConfigError listing every problem."""
+def build_config(raw: dict[str, Any] | None, source: str = "config",
+                 lines: dict[tuple[str, ...], int] | None = None) -> RunConfig:  # fmt: skip
+    """Validate a raw mapping; raise ConfigError listing every problem (`lines`: where each YAML key is)."""
     try:
         return RunConfig.model_validate(raw or {})
     except ValidationError as err:
-        raise ConfigError(_format_errors(err, source)) from None
+        raise ConfigError(_format_errors(err, source, lines)) from None
 
 
 def read_yaml_mapping(path: str | Path, flag: str, examples: str, top: str) -> dict[str, Any]:
     """A YAML file whose top level is a mapping (empty file: {}); ConfigError naming `flag` when the file is
-    missing (see `examples`), not YAML, or not a mapping of `top`."""
+    missing (see `examples`), not YAML (with the line), or not a mapping of `top`."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"{flag} {p}: no such file; see {examples} for examples")
+        what = "is a folder, not a file" if p.is_dir() else "no such file"
+        raise ConfigError(f"{flag} {p}: {what}; see {examples} for examples")
     try:
         loaded = yaml.safe_load(p.read_text())
+    except UnicodeDecodeError:
+        raise ConfigError(f"{flag} {p}: not a text file; give a YAML file (see {examples})") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML ({e.__class__.__name__}: {str(e).splitlines()[0]})") from None
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}:" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{p}:{where} not valid YAML ({problem})") from None
     if loaded is not None and not isinstance(loaded, dict):
         raise ConfigError(f"{p}: the top level must be a mapping of {top}")
     return loaded or {}
@@ -692,11 +776,13 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     """Read a YAML file (or nothing: all defaults), apply --set overrides, validate."""
     raw: dict[str, Any] = {}
     source = "defaults"
+    lines = None
     if path is not None:
         raw = read_yaml_mapping(path, "--config", "configs/", "sections (method, data, net, ...)")
         source = str(path)
+        lines = yaml_key_lines(Path(path).read_text())
     raw = apply_overrides(raw, overrides or [])
-    return build_config(raw, source)
+    return build_config(raw, source, lines)
 
 
 def dump_config(cfg: RunConfig) -> str:

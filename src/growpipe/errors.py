@@ -36,6 +36,10 @@ class StageLostError(StageError):
     """A stage actor (or its node) is gone; the run can recover from its last checkpoint."""
 
 
+class OutputError(GrowpipeError, RuntimeError):
+    """An output could not be written (no space left, a folder gone read-only); what was there is untouched."""
+
+
 class PipelineError(GrowpipeError, RuntimeError):
     """A pipeline run could not start or did not finish."""
 

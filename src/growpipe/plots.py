@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import Any
 
-from growpipe.fsutil import atomic_write_bytes
+from growpipe.outputs import write_png
 
 
 def plot_accuracy_vs_compute(ev: dict[str, Any], path: str | Path, title: str = "") -> Path:
@@ -66,11 +65,11 @@ def _figure(title: str, xlabel: str, ylabel: str) -> tuple[Any, Any]:
 def _save(fig: Any, path: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
-    buf = io.BytesIO()
     fig.tight_layout()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return atomic_write_bytes(path, buf.getvalue())
+    try:
+        return write_png(path, fig)
+    finally:
+        plt.close(fig)
 
 
 def plot_exit_accuracy(ev: dict[str, Any], path: str | Path) -> Path:

@@ -14,10 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from growpipe import envvars
-from growpipe.checkpoint import CheckpointStore, check_uri
+from growpipe.checkpoint import CheckpointStore, check_uri, run_folder_problem
 from growpipe.config import RunConfig
 from growpipe.errors import ConfigError, GrowpipeError
 from growpipe.loop.callbacks import ProgressLog, RunCallback
+from growpipe.outputs import Kind, check_outputs
 from growpipe.tracking import default_tracking_uri
 
 
@@ -97,23 +98,93 @@ def embedded_capacity_problem(cfg: RunConfig) -> str | None:
             "cluster with --address")  # fmt: skip
 
 
-def check_run(cfg: RunConfig, outputs: dict[str, str | None] | None = None, embedded_ray: bool = False) -> None:
+def check_run(cfg: RunConfig, outputs: dict[str, tuple[str | None, Kind]] | None = None, embedded_ray: bool = False,
+              fresh: bool = True, warn: Callable[[str], None] | None = None) -> None:  # fmt: skip
     """Everything about a run that can be checked before Ray starts, reported together (ConfigError, one
-    line per problem): the checkpoint URI's filesystem, the files the run will write (`outputs`: flag ->
-    path) and, for an embedded Ray, whether this machine can hold the run's workers."""
+    line per problem): the checkpoint URI and the run's folder in it (`fresh`: a new run, not a resume), the
+    tracking URI, the files the run will write (`outputs`: flag -> (path, kind)) and, for an embedded Ray,
+    whether this machine can hold the run's workers. `warn` gets what will not stop the run (an MLflow
+    server that does not answer)."""
     problems = []
     if embedded_ray and (why := embedded_capacity_problem(cfg)):
         problems.append(why)
     if cfg.checkpoint.enabled:
-        try:
-            check_uri(cfg.checkpoint.uri)
-        except GrowpipeError as e:
-            problems.append(str(e))
-    for flag, path in (outputs or {}).items():
-        if path and (why := unwritable(path)):
-            problems.append(f"{flag} {path}: {why}")
+        problems += checkpoint_problems(cfg, fresh)
+    if cfg.tracking.mlflow and cfg.tracking.uri:
+        scheme_problem, unreachable = tracking_uri_problem(cfg.tracking.uri)
+        if scheme_problem:
+            problems.append(scheme_problem)
+        elif unreachable and warn:
+            warn(
+                f"warn   tracking.uri {cfg.tracking.uri}: {unreachable}; the run goes on and keeps what it cannot "
+                f"send in {cfg.tracking.workdir}/mlflow-unsent-{cfg.name}-*.jsonl (growpipe mlflow replay sends it)"
+            )
+    problems += check_outputs(outputs or {})
+    refuse(problems)
+
+
+def refuse(problems: list[str]) -> None:
+    """ConfigError listing `problems` (one line each) when there are any."""
     if problems:
         raise ConfigError(f"{len(problems)} problem(s) before the run\n" + "\n".join(f"  {p}" for p in problems))
+
+
+def checkpoint_problems(cfg: RunConfig, fresh: bool) -> list[str]:
+    """What stops a run writing its checkpoints: a URI with no filesystem, a local path that cannot be written,
+    a run folder holding what growpipe did not write, or (`fresh`) an earlier run's checkpoints of its name."""
+    uri = cfg.checkpoint.uri
+    try:
+        check_uri(uri)
+    except GrowpipeError as e:
+        return [str(e)]
+    if "://" not in uri:
+        root = Path(uri)
+        if root.exists() and not root.is_dir():
+            return [f"checkpoint.uri {uri}: is a file; give a folder for the run folders"]
+        if why := unwritable(root / (cfg.name or "run")):
+            return [f"checkpoint.uri {uri}: {why}"]
+    try:
+        why = run_folder_problem(CheckpointStore(uri, cfg.name or "", cfg.checkpoint.keep), fresh,
+                                 cfg.checkpoint.overwrite)  # fmt: skip
+    except OSError as e:  # a remote store that does not answer: said here, not as a traceback mid-run
+        return [f"checkpoint.uri {uri}: cannot be read ({str(e).splitlines()[0]}); check the URI and credentials"]
+    return [why] if why else []
+
+
+MLFLOW_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks", "databricks-uc", "uc")
+"""Tracking-store schemes of MLflow 3.17 (plain paths and file:// are refused by it); a plugin's scheme is
+looked up in MLflow's registry."""
+
+
+def tracking_uri_problem(uri: str) -> tuple[str | None, str | None]:
+    """(why MLflow cannot use `uri` at all, why a tracking server does not answer now); None where fine."""
+    scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
+    if scheme in ("", "file"):
+        return (f"tracking.uri {uri}: MLflow 3.17 no longer writes plain-path (file) stores; use "
+                "sqlite:///PATH/mlflow.db or an http(s):// tracking server"), None  # fmt: skip
+    if scheme not in MLFLOW_SCHEMES:
+        from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+
+        if scheme not in _tracking_store_registry._registry:
+            return (f"tracking.uri {uri}: MLflow has no tracking store for scheme '{scheme}://'; use sqlite:///PATH, "
+                    f"http(s)://HOST:PORT, postgresql://, mysql:// or mssql://"), None  # fmt: skip
+    if scheme in ("http", "https"):
+        return None, server_unreachable(uri)
+    return None, None
+
+
+def server_unreachable(uri: str, timeout_s: float = 3.0) -> str | None:
+    """Why the MLflow server at `uri` does not answer its /health page (None: it answers)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s):  # noqa: S310 (http(s) only)
+            return None
+    except urllib.error.HTTPError as e:  # it answered: a proxy or an auth wall is the server's business
+        return None if e.code < 500 else f"the server answered HTTP {e.code}"
+    except (OSError, ValueError) as e:
+        return f"no MLflow server answered ({getattr(e, 'reason', e)})"
 
 
 def unwritable(path: str | Path) -> str | None:

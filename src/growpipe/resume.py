@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from growpipe.checkpoint import CheckpointRef, CheckpointStore, config_differences
-from growpipe.config import RunConfig, apply_overrides, build_config, load_config
+from growpipe.config import RunConfig, apply_overrides, build_config, check_run_name, load_config
 from growpipe.errors import CheckpointError
 
 
@@ -17,7 +17,7 @@ def plan_resume(config: str | None, overrides: list[str], resume: str) -> tuple[
     from growpipe.prepare import absolute
 
     given = load_config(config, overrides)
-    name = given.name if resume == "auto" else resume
+    name = given.name if resume == "auto" else check_run_name(resume, "--resume")
     if not name:
         raise CheckpointError("--resume auto: the config has no name: to find its run by; set name: (or --resume NAME)")
     store = CheckpointStore(absolute(given.checkpoint.uri), name, given.checkpoint.keep)

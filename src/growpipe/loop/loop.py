@@ -15,9 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from growpipe.checkpoint import CheckpointStore, check_input_matches
+from growpipe import signals
+from growpipe.checkpoint import CheckpointStore, check_input_matches, run_folder_problem
 from growpipe.config import GrowStep, RunConfig, parse_grow_request
-from growpipe.errors import ConfigError, GrowpipeError, ShapeError
+from growpipe.errors import CheckpointError, ConfigError, GrowpipeError, ShapeError
 from growpipe.growth import FrozenWatch, GrowthPlan, growth_event, note_epoch
 from growpipe.loop.callbacks import RunCallback, notify, wants_final_net
 from growpipe.loop.elastic import Topology
@@ -111,9 +112,11 @@ class RunLoop:
         """Step to FINISHED or ERRORED; return the result JSON or {'error': message}."""
         try:
             while not self.state.terminal:
+                signals.check()  # a stop of this process whose KeyboardInterrupt was swallowed where it landed
                 self.step()
         except BaseException as e:  # KeyboardInterrupt, SystemExit: this process is being stopped
-            self._stopped(self.stop_reason or f"interrupted ({type(e).__name__})")
+            why = signals.describe() if signals.received() else type(e).__name__
+            self._stopped(self.stop_reason or f"interrupted ({why})")
             raise
         finally:
             self._reject_pending(f"run {self.run_name!r} has {self.state.name}; nothing to grow")
@@ -153,8 +156,7 @@ class RunLoop:
                                   self.cfg.runtime.max_stage_restarts, latest.path if latest else None,
                                   self.cfg.checkpoint.enabled)  # fmt: skip
         if isinstance(decision, Raise):
-            self.error, self.failure = decision.message, e
-            self.say(f"error  {decision.message}")
+            self.error, self.failure = decision.message, e  # said once, by whoever started the run
             notify(self.callbacks, "on_error", decision.message, say=self.say)
             return Errored(decision.message)
         self.restarts = decision.restart
@@ -169,7 +171,10 @@ class RunLoop:
         manifest = None
         if s.resume:
             manifest = (self.store or CheckpointStore(cfg.checkpoint.uri, self.run_name)).read_manifest(s.resume)
+        elif self.store is not None and (why := run_folder_problem(self.store, True, cfg.checkpoint.overwrite)):
+            raise CheckpointError(why)  # checked before the run already; this catches a run started meanwhile
         layout = manifest.get("layout") if manifest else None
+        self.say(f"run    {self.run_name}" + (f" (checkpoints in {self.store.root})" if self.store else ""))
         self.info, data = self.engine.open(layout)
         self.say(f"data   {data['summary']}")
         notify(self.callbacks, "on_data", data, say=self.say)
@@ -188,9 +193,11 @@ class RunLoop:
             notify(self.callbacks, "on_start", say=self.say)
             return self._after_restore(manifest)
         notify(self.callbacks, "on_start", say=self.say)
-        if self.store is not None and (gone := self.store.clear()):
-            self.say(f"ckpt   a fresh run: removed {gone} checkpoint(s) of an earlier run {self.run_name!r} "
-                     f"(growpipe train --resume {self.run_name} continues a run instead)")  # fmt: skip
+        if self.store is not None and (gone := self.store.clear()):  # complete ones only with --overwrite
+            self.say(
+                f"ckpt   a fresh run: removed {gone} checkpoint folder(s) of an earlier run {self.run_name!r}"
+                + (" (--overwrite)" if cfg.checkpoint.overwrite else " (none of them complete)")
+            )
         self._checkpoint(0, 0)  # a restore point from the very start
         return self._boundary(0)
 
@@ -435,7 +442,7 @@ class RunLoop:
         manifest = {**self.record(), "epoch": epoch, "batch": batch, "seq": self.ckpt_seq, "shards": shards,
                     "layout": self.engine.layout()}  # fmt: skip
         ref = self.store.commit(path, manifest)
-        self.say(f"ckpt   {ref.path.rsplit('/', 1)[-1]} (epoch {epoch}, batch {batch}) in {self.store.root}")
+        self.say(f"ckpt   {ref.path.rsplit('/', 1)[-1]} (epoch {epoch}, batch {batch})")
 
     def record(self) -> dict[str, Any]:
         """The run's record as a checkpoint manifest keeps it (without position and shards)."""

@@ -7,17 +7,25 @@ from typing import Any
 
 import ray
 
+from growpipe.config import check_run_name
 from growpipe.errors import InputError, PipelineError
 from growpipe.runtime import NAMESPACE
+
+_chosen_by = "the cluster this process is connected to"
+"""How the cluster asked was chosen (said when a run is not found there)."""
 
 
 def connect_existing(address: str | None = None) -> None:
     """Join the cluster a job runs on: `address`, else $RAY_ADDRESS, else the newest local one (auto)."""
+    global _chosen_by
     if ray.is_initialized():
         return
     from growpipe.runtime.pipeline import join_cluster
 
-    join_cluster(address or os.environ.get("RAY_ADDRESS") or "auto", log_to_driver=False)
+    env = os.environ.get("RAY_ADDRESS")
+    join_cluster(address or env or "auto", log_to_driver=False)
+    _chosen_by = (f"--address {address}" if address else f"RAY_ADDRESS={env}" if env
+                  else "no --address: the newest Ray started on this machine")  # fmt: skip
 
 
 def running_runs() -> list[str]:
@@ -27,13 +35,17 @@ def running_runs() -> list[str]:
 
 
 def find_run(name: str) -> Any:
-    """The controller handle of run `name`; PipelineError naming the runs there are when it does not exist."""
+    """The controller handle of run `name`; InputError naming the cluster asked and the runs there are when it
+    does not exist."""
+    check_run_name(name, "--run")
     try:
         return ray.get_actor(name, namespace=NAMESPACE)
     except ValueError:
         runs = running_runs()
         there = f"running: {', '.join(runs)}" if runs else "no growpipe run is running there"
-        raise InputError(f"--run: no run named {name!r} on this cluster ({there})") from None
+        gcs = ray.get_runtime_context().gcs_address
+        raise InputError(f"--run: no run named {name!r} on this cluster ({there}); asked the Ray cluster at {gcs} "
+                         f"({_chosen_by}): choose another with --address ADDR or RAY_ADDRESS") from None  # fmt: skip
 
 
 def request_growth(name: str, request: dict[str, Any], timeout_s: float = 600.0) -> dict[str, Any]:

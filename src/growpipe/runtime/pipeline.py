@@ -11,6 +11,7 @@ from typing import Any
 
 import ray
 
+from growpipe import signals
 from growpipe.config import RunConfig
 from growpipe.errors import InputError, PipelineError
 from growpipe.prepare import logical_cpus_needed, resolve_paths
@@ -40,16 +41,39 @@ def join_cluster(address: str, log_to_driver: bool) -> Any:
 
 
 @contextlib.contextmanager
-def _keeping_sigterm_handler() -> Any:
-    """ray.init puts its own SIGTERM handlers in place (Python's sys.exit and a native failure handler);
-    put back the one the command installed, which stops a run as Ctrl-C does (see growpipe.cli)."""
+def _starting_ray() -> Any:
+    """Around ray.init: it puts its own SIGTERM handler in place (sys.exit); put back the one the command
+    installed (see growpipe.signals), and turn a signal that arrives meanwhile into a stop that releases
+    whatever Ray had started."""
     import signal
     import threading
 
     handler = signal.getsignal(signal.SIGTERM)
-    yield
-    if callable(handler) and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, handler)
+    try:
+        with signals.watching():
+            yield
+    except SystemExit as e:  # Ray's handler: SIGTERM while ray.init ran
+        signals.note(signal.SIGTERM if e.code in (signal.SIGTERM, None) else signal.SIGINT)
+        _release_partial_ray()
+        raise KeyboardInterrupt("signal SIGTERM") from None
+    except KeyboardInterrupt:
+        _release_partial_ray()
+        raise
+    finally:
+        if callable(handler) and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, handler)
+    if signals.received():  # it arrived inside ray.init and what it raised was caught there
+        _release_partial_ray()
+        signals.check()
+
+
+def _release_partial_ray() -> None:
+    with contextlib.suppress(Exception):
+        ray.shutdown()
+    node = getattr(ray._private.worker, "_global_node", None)
+    if node is not None:  # ray.init stopped before the driver connected: its processes are not ray.shutdown's
+        with contextlib.suppress(Exception):
+            node.kill_all_processes(check_alive=False, allow_graceful=True)
 
 
 def connect(cfg: RunConfig, address: str | None = None, cpus: int | None = None) -> tuple[bool, str | None]:
@@ -62,19 +86,26 @@ def connect(cfg: RunConfig, address: str | None = None, cpus: int | None = None)
         return False, None
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address:
-        with _keeping_sigterm_handler():
+        with _starting_ray():
             ctx = join_cluster(address, log_to_driver=True)
         return True, _url(ctx.dashboard_url)
     cpus = cpus or cfg.runtime.num_cpus or max(os.cpu_count() or 1, logical_cpus_needed(cfg))
-    with _keeping_sigterm_handler():
-        ctx = ray.init(
-            address="local",  # a new Ray of its own, even when `ray start` left one running on this machine
-            num_cpus=cpus,
-            namespace=NAMESPACE,
-            include_dashboard=cfg.runtime.dashboard,
-            log_to_driver=True,
-            _system_config={"max_direct_call_object_size": cfg.runtime.inline_kb * 1024},
-        )
+    with _starting_ray():
+        try:
+            ctx = ray.init(
+                address="local",  # a new Ray of its own, even when `ray start` left one running on this machine
+                num_cpus=cpus,
+                namespace=NAMESPACE,
+                include_dashboard=cfg.runtime.dashboard,
+                log_to_driver=True,
+                _system_config={"max_direct_call_object_size": cfg.runtime.inline_kb * 1024},
+            )
+        except Exception as e:  # a raylet or GCS that did not come up in time (a loaded machine), ports, disk
+            _release_partial_ray()
+            raise PipelineError(
+                f"the embedded Ray did not start ({type(e).__name__}: {str(e).strip().splitlines()[0][:200]}); "
+                "on a loaded machine try again, or start a cluster once (raylocal/up) and pass --address"
+            ) from None
     return True, _url(ctx.dashboard_url)
 
 
@@ -153,6 +184,7 @@ class Pipeline:
         try:
             while True:
                 ready, _ = ray.wait([ref], timeout=POLL_S)
+                signals.check()  # a stop whose KeyboardInterrupt was swallowed where it landed
                 seen = self._drain(controller, seen, progress)
                 rows = self._report_rows(controller, rows, on_epoch)
                 if ready:
@@ -160,7 +192,7 @@ class Pipeline:
                 if bar is not None and bar.active:
                     self._draw(controller, bar)
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from `ray job stop` (the CLI turns it into this)
-            self.stop("interrupted (Ctrl-C or SIGTERM)")
+            self.stop(f"interrupted ({signals.describe()})")
             raise
         except SystemExit:  # a Tune scheduler stopping this trial
             self.stop("stopped early by the Tune scheduler")
