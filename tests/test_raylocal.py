@@ -5,6 +5,7 @@ import http.server
 import importlib.util
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -244,6 +245,7 @@ def test_up_records_every_process_of_the_head_and_down_leaves_none(tmp_path: Pat
     finally:
         bystander.kill()
         bystander.wait()
+        shutil.rmtree(f"/tmp/raylocal-{env['RAY_PORT']}", ignore_errors=True)  # the head's logs
 
 
 def test_up_fails_in_one_line_and_leaves_nothing_when_something_else_listens_on_the_agent_port(tmp_path: Path):
@@ -265,3 +267,4 @@ def test_up_fails_in_one_line_and_leaves_nothing_when_something_else_listens_on_
     assert f"(RAY_AGENT_PORT) is answered by pid {os.getpid()} (" in line and "on ::1, not by this head's" in line
     assert _processes_of(env["RAY_PORT"]) == set()
     assert not (REPO / "runs" / "raylocal.env").exists()
+    shutil.rmtree(f"/tmp/raylocal-{env['RAY_PORT']}", ignore_errors=True)
