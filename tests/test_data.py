@@ -3,6 +3,7 @@
 import gzip
 import json
 import pickle
+import re
 from pathlib import Path
 
 import numpy as np
@@ -193,11 +194,98 @@ def test_tabular_label_outliers_nan_features_and_dropped_columns_are_named(tmp_p
         load_data(_csvs(tmp_path, odd, frame))
     holes = frame.copy()
     holes.loc[3, "b"] = np.nan
-    with pytest.raises(DataError, match=r"column 'b' has 1 missing \(NaN\) value\(s\) in the train split"):
+    with pytest.raises(DataError, match=r"train.csv row 4 \(line 5\), column 'b': no value \(blank, null or NaN\)"):
         load_data(_csvs(tmp_path, holes, frame))
     words = frame.assign(colour=["red", "blue", "green"] * 4)
-    b = load_data(_csvs(tmp_path, words, words))
-    assert b.input_shape == (2,) and "warning: dropped 1 non-numeric column(s): colour" in b.summary()
+    for stream in (False, True):  # read in memory or per batch, the same warning
+        b = load_data(_csvs(tmp_path, words, words).model_copy(update={"stream": stream}))
+        assert b.input_shape == (2,) and "warning: dropped 1 non-numeric column(s): colour" in b.summary()
+
+
+def _table_error(tmp_path: Path, train: pd.DataFrame, test: pd.DataFrame, fmt: str = "csv") -> list[str]:
+    """The DataError messages of loading train/test written as `fmt`, in memory and read per batch."""
+    for split, df in (("train", train), ("test", test)):
+        df.to_csv(tmp_path / f"{split}.csv", index=False) if fmt == "csv" else df.to_parquet(
+            tmp_path / f"{split}.{fmt}"
+        )
+    out = []
+    for stream in (False, True):
+        with pytest.raises(DataError) as e:
+            load_data(DataSpec(name=f"{fmt}:{tmp_path}", text_column="none", stream=stream))
+        out.append(str(e.value))
+    return out
+
+
+def test_infinite_features_are_refused_like_missing_ones_naming_file_row_and_column(tmp_path: Path):
+    frame = pd.DataFrame({"a": np.linspace(0, 1, 12), "b": np.linspace(1, 2, 12), "label": [0, 1, 2] * 4})
+    for value, shown in ((np.inf, r"\+inf"), (-np.inf, "-inf")):
+        bad = frame.copy()
+        bad.loc[6, "b"] = value  # the 7th data row: line 8 of the CSV
+        for message in _table_error(tmp_path, bad, frame):
+            assert re.fullmatch(rf"{tmp_path}/train.csv row 7 \(line 8\), column 'b': {shown}; features must be "
+                                r"finite numbers: fill, clip or drop such rows first", message), message  # fmt: skip
+        for message in _table_error(tmp_path, frame, bad, "parquet"):
+            assert message.startswith(f"{tmp_path}/test.parquet row 7 (counting from 1), column 'b': "), message
+
+
+def test_bad_labels_name_the_file_row_and_column(tmp_path: Path):
+    frame = pd.DataFrame({"a": np.linspace(0, 1, 12), "label": [0, 1, 2] * 4})
+    blank = frame.astype({"label": object})
+    blank.loc[5, "label"] = None
+    for train, test in ((blank, frame), (frame, blank)):  # in train: was a TypeError; in test: label -2**63
+        split = "train" if train is blank else "test"
+        for message in _table_error(tmp_path, train, test):
+            assert message == (f"{tmp_path}/{split}.csv row 6 (line 7), column 'label': no label; give every row its "
+                               "class, or drop the row")  # fmt: skip
+    nullable = frame.astype({"label": "Int64"})
+    nullable.loc[5, "label"] = pd.NA
+    for message in _table_error(tmp_path, nullable, frame, "parquet"):
+        assert message.startswith(f"{tmp_path}/train.parquet row 6 (counting from 1), column 'label': no label")
+    half = frame.astype({"label": float})
+    half.loc[2, "label"] = 2.5  # trained as a fourth class before
+    for message in _table_error(tmp_path, half, frame):
+        assert "train.csv row 3 (line 4), column 'label': label 2.5 is not a class id (a whole number" in message
+    cat = frame.astype({"label": object})
+    cat.loc[4, "label"] = "cat"
+    for message in _table_error(tmp_path, cat, frame):
+        assert "train.csv row 5 (line 6), column 'label': label 'cat' among class ids (whole numbers)" in message
+    names = frame.assign(label=["cat", "dog", "emu"] * 4)
+    dog = names.copy()
+    dog.loc[7, "label"] = "7"
+    for message in _table_error(tmp_path, dog, names):
+        assert "train.csv row 8 (line 9), column 'label': label '7' among class names" in message
+    gap = names.copy()
+    gap.loc[9, "label"] = " "
+    for message in _table_error(tmp_path, gap, names):
+        assert "train.csv row 10 (line 11), column 'label': no label" in message
+    unseen = names.copy()
+    unseen.loc[1, "label"] = "gnu"
+    for message in _table_error(tmp_path, names, unseen):
+        assert f"test.csv row 2 (line 3), column 'label': label 'gnu' never appears in {tmp_path}/train.csv" in message
+    whole = frame.astype({"label": float})  # 0.0, 1.0, 2.0: class ids, not the names "0.0", "1.0", "2.0"
+    assert load_data(_csvs(tmp_path, whole, frame)).class_names == ["0", "1", "2"]
+
+
+def test_uneven_lists_and_a_column_missing_from_the_test_file_are_named(tmp_path: Path):
+    rows = [[0.1 * i, 0.2, 0.3] for i in range(12)]
+    uneven = pd.DataFrame({"pixels": rows, "label": [0, 1, 2] * 4})
+    uneven.at[7, "pixels"] = [0.1, 0.2]
+    even = uneven.assign(pixels=rows)
+    for message in _table_error(tmp_path, uneven, even, "parquet"):  # per batch it said "near train row 0"
+        assert message == (f"{tmp_path}/train.parquet row 8 (counting from 1), column 'pixels': 2 value(s) where the "
+                           "other rows hold 3; give every row as many numbers")  # fmt: skip
+    frame = pd.DataFrame({"a": np.linspace(0, 1, 12), "b": np.linspace(1, 2, 12), "label": [0, 1, 2] * 4})
+    for fmt in ("csv", "parquet"):  # it said "column 'b' has 12 missing (NaN) values"
+        for message in _table_error(tmp_path, frame, frame.drop(columns=["b"]), fmt):
+            assert message == (
+                f"{fmt}:{tmp_path}: column 'b' is missing from {tmp_path}/test.{fmt} (it is in "
+                f"{tmp_path}/train.{fmt}); add it to the test data or drop it from the train data"
+            )
+        (tmp_path / f"train.{fmt}").unlink()
+        (tmp_path / f"test.{fmt}").unlink()
+    for message in _table_error(tmp_path, frame.drop(columns=["b"]), frame):  # Hugging Face's "cannot cast"
+        assert message == (f"csv:{tmp_path}: column 'b' is in {tmp_path}/test.csv but not in {tmp_path}/train.csv; "
+                           "give both files the same columns")  # fmt: skip
 
 
 def test_a_column_of_images_named_as_the_text_column_is_refused(tmp_path: Path):
@@ -208,3 +296,53 @@ def test_a_column_of_images_named_as_the_text_column_is_refused(tmp_path: Path):
     dd.save_to_disk(str(tmp_path / "imgs"))
     with pytest.raises(DataError, match="column 'image' holds images, not text; set data.text_column"):
         load_data(DataSpec(name=f"hf:{tmp_path / 'imgs'}", text_column="image"))
+
+
+@pytest.mark.parametrize(
+    ("given", "line"),
+    [
+        (
+            {"mean": [0.5], "std": [0]},
+            "std[0] is 0; each std must be a finite number > 0 (one per channel), or use "
+            "data.normalize: train to measure them from the data",
+        ),
+        ({"mean": [0.5, 0.5], "std": [1, float("inf")]}, "std[1] is inf; each std must be a finite number > 0"),
+        ({"mean": [float("nan")], "std": [1]}, "mean[0] is nan; each mean must be a finite number (one per channel)"),
+        ({"mean": [0.5, 1], "std": [1]}, "mean has 2 entries and std 1; give one of each per channel"),
+        ({"mean": [0.5], "std": [1], "scale": 2}, "scale: unknown field; give mean and std only"),
+        ({"mean": [0.5]}, "std: Field required"),
+        ("standard", "got 'standard'; give train, none or {mean: [...], std: [...]}"),
+    ],
+)
+def test_given_normalisation_statistics_that_are_not_finite_or_zero_name_the_sub_field(given, line):
+    from growpipe.config import build_config
+    from growpipe.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:  # one problem, not one per member of the union under pydantic's names
+        build_config({"data": {"normalize": given}})
+    lines = str(e.value).splitlines()
+    assert lines[0].endswith("1 problem(s)") and lines[1].startswith(f"  data.normalize: {line}") and len(lines) == 2
+    ok = build_config({"data": {"normalize": {"mean": [0.5], "std": [0.25]}}}).data.normalize
+    assert (ok.mean, ok.std) == ([0.5], [0.25]) and build_config(
+        {"data": {"normalize": "none"}}
+    ).data.normalize == "none"
+
+
+def test_the_cli_refuses_garbage_inputs_with_one_line_and_exit_2(tmp_path: Path, capsys):
+    from growpipe.cli import main
+
+    frame = pd.DataFrame({"a": np.linspace(0, 1, 12), "label": [0, 1, 2] * 4})
+    bad = frame.copy()
+    bad.loc[2, "a"] = -np.inf
+    _csvs(tmp_path, bad, frame)
+    run = ["train", "--runtime", "local", "--set", "tracking.mlflow=false", "--set", "checkpoint.enabled=false"]
+    cases = {  # before: trained with NaN losses to chance accuracy and exit 0, or a pydantic-internal field name
+        f"{tmp_path}/train.csv row 3 (line 4), column 'a': -inf; features must be finite": [
+            "--set", f"data.name=csv:{tmp_path}", "--set", "data.stream=true"],
+        "  data.normalize: std[0] is 0; each std must be a finite number > 0": [
+            "--set", "data.normalize={mean: [0.5], std: [0]}"],
+    }  # fmt: skip
+    for needle, extra in cases.items():
+        assert main([*run, *extra]) == 2
+        err = capsys.readouterr().err
+        assert needle in err and "Traceback" not in err and "function-after" not in err, err

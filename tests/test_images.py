@@ -266,8 +266,8 @@ def test_streamed_images_keep_stage_0_memory_flat_as_the_dataset_grows(tmp_path:
 def test_a_path_stage_0_cannot_see_is_named_with_its_node_and_a_corrupt_file_is_not(tmp_path: Path):
     from growpipe.runtime.pipeline import Pipeline
 
-    def error_of(name: str) -> str:
-        with pytest.raises(InputError) as caught, Pipeline(tiny_config(data={"name": name})) as p:  # exit 2
+    def error_of(name: str, **data) -> str:
+        with pytest.raises(InputError) as caught, Pipeline(tiny_config(data={"name": name, **data})) as p:  # exit 2
             p.train(progress=None)
         return str(caught.value)
 
@@ -281,3 +281,11 @@ def test_a_path_stage_0_cannot_see_is_named_with_its_node_and_a_corrupt_file_is_
     corrupt = error_of(f"imagefolder:{tmp_path / 'f'}")
     assert "0000.png: not a readable image (no known image format); replace or remove the file" in corrupt
     assert "read by stage 0" not in corrupt  # the file is there: no hint about nodes
+    import pandas as pd
+
+    (tmp_path / "t").mkdir()
+    for split, value in (("train", float("inf")), ("test", 0.5)):
+        pd.DataFrame({"a": [0.1, value, 0.3], "label": [0, 1, 0]}).to_csv(tmp_path / "t" / f"{split}.csv", index=False)
+    infinite = error_of(f"csv:{tmp_path / 't'}", stream=True)  # found by stage 0's checking pass: one line
+    assert infinite == (f"{tmp_path / 't'}/train.csv row 2 (line 3), column 'a': +inf; features must be finite "
+                        "numbers: fill, clip or drop such rows first")  # fmt: skip

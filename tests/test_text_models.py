@@ -48,6 +48,30 @@ def test_word_vectors_fill_the_vocabulary_words_they_hold_and_bad_files_are_name
         tiny_config(net={"word_vectors": str(tmp_path / "glove.txt")})
 
 
+def test_word_vectors_that_would_train_on_garbage_or_are_not_a_text_file_are_refused(tmp_path: Path):
+    for value in ("nan", "inf", "-inf", "NaN"):  # NaN losses before, exit 0
+        path = _vectors(tmp_path / "holes.txt.gz", ["ball 1 2 3", f"cpu 1 {value} 3"])
+        with pytest.raises(DataError) as e:
+            read_word_vectors(path, VOCAB, 3)
+        assert str(e.value) == (f"net.word_vectors: {path} line 2: the vector of 'cpu' holds {value}; every value "
+                                "must be a finite number: fix or remove the line")  # fmt: skip
+    _vectors(tmp_path / "glove.6B.3d.txt", ["ball 1 2 3"])
+    with pytest.raises(DataError) as e:  # "does not exist" before
+        read_word_vectors(tmp_path, VOCAB, 3)
+    assert str(e.value) == (f"net.word_vectors: {tmp_path} is a directory; give the GloVe/word2vec text file (.txt "
+                            f"or .txt.gz) itself, e.g. {tmp_path / 'glove.6B.3d.txt'}")  # fmt: skip
+    floats = torch.arange(6, dtype=torch.float32).numpy().tobytes()
+    binary = tmp_path / "w2v.bin"  # word2vec's binary layout: a text header, then each word and its raw floats
+    binary.write_bytes(b"2 3\nball " + floats[:12] + b"\ncpu " + floats[12:] + b"\n")
+    noise = tmp_path / "noise.txt"
+    noise.write_bytes(bytes(range(256)) * 4)
+    for path, what in ((binary, "binary word2vec"), (noise, "binary data")):  # "set net.embed_dim" before
+        with pytest.raises(DataError) as e:
+            read_word_vectors(path, VOCAB, 3)
+        assert str(e.value).startswith(f"net.word_vectors: {path} is {what}, not a text vectors file; growpipe reads "
+                                       "GloVe/word2vec text (.txt or .txt.gz): convert it")  # fmt: skip
+
+
 def test_frozen_pretrained_embeddings_stay_as_loaded_while_the_net_trains(tmp_path: Path, text_dir: Path):
     from growpipe.local import train_local
 

@@ -7,12 +7,13 @@ are collected and reported together, one line each, naming the field and what to
 from __future__ import annotations
 
 import copy
+import math
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from growpipe.errors import ConfigError
 
@@ -79,15 +80,38 @@ class NormalizeSpec(_Strict):
     mean: list[float]
     """Mean of each channel (feature) in the units the data is read in (images: [0, 1])."""
     std: list[float]
-    """Standard deviation of each channel (feature); all > 0."""
+    """Standard deviation of each channel (feature); all finite and > 0."""
 
     @model_validator(mode="after")
     def _same_length(self) -> NormalizeSpec:
         if len(self.mean) != len(self.std) or not self.mean:
             raise ValueError(f"mean has {len(self.mean)} entries and std {len(self.std)}; give one of each per channel")
-        if any(v <= 0 for v in self.std):
-            raise ValueError("std must be > 0 for every channel")
+        for name, values in (("mean", self.mean), ("std", self.std)):
+            for i, v in enumerate(values):
+                if not math.isfinite(v) or (name == "std" and v <= 0):
+                    need = "a finite number > 0" if name == "std" else "a finite number"
+                    raise ValueError(f"{name}[{i}] is {v:g}; each {name} must be {need} (one per channel), or use "
+                                     "data.normalize: train to measure them from the data")  # fmt: skip
         return self
+
+    @classmethod
+    def field_value(cls, value: Any) -> Any:
+        """data.normalize as given: train / none, or statistics validated here, so that a mistake is one line
+        naming the sub-field (pydantic would report it once per member of the union, under internal names)."""
+        if isinstance(value, cls) or value in ("train", "none"):
+            return value
+        if not isinstance(value, dict):
+            raise ValueError(f"got {value!r}; give train, none or {{mean: [...], std: [...]}}")
+        try:
+            return cls.model_validate(value)
+        except ValidationError as err:
+            parts = []
+            for e in err.errors():
+                where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"]).lstrip(".")
+                msg = e["msg"].removeprefix("Value error, ")
+                msg = "unknown field; give mean and std only" if e["type"] == "extra_forbidden" else msg
+                parts.append(f"{where}: {msg}" if where else msg)
+            raise ValueError("; ".join(parts)) from None
 
 
 class DataSpec(_Strict):
@@ -113,7 +137,7 @@ class DataSpec(_Strict):
     """Convert every image to 1 (grey) or 3 (RGB) channels (needed when modes differ). Default: their own."""
     image_shape: list[int] | None = None
     """[channels, height, width]: a column of number lists (or the numeric columns) reshaped into images."""
-    normalize: Literal["train", "none"] | NormalizeSpec = "train"
+    normalize: Annotated[Literal["train", "none"] | NormalizeSpec, BeforeValidator(NormalizeSpec.field_value)] = "train"
     """Image and table inputs standardised per channel (feature) with statistics of the training rows (train:
     after limit_train and val_fraction), left as read (none), or {mean: [...], std: [...]}; stored in
     checkpoints, so evaluate and the served model apply the same."""

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from growpipe.config import FeatureGroupsSpec
+from growpipe.data.checks import Origin
 from growpipe.data.stream import prefetch
 from growpipe.data.text import Vocab
 from growpipe.errors import DataError
@@ -131,8 +132,10 @@ def digest(split: Split) -> str:
     return h.hexdigest()[:16]
 
 
-def check_labels(y_train: np.ndarray, y_test: np.ndarray, num_classes: int | None, source: str) -> int:
-    """Validate integer labels and return the number of classes."""
+def check_labels(y_train: np.ndarray, y_test: np.ndarray, num_classes: int | None, source: str,
+                 origins: dict[str, Origin] | None = None) -> int:  # fmt: skip
+    """Validate integer labels and return the number of classes; a label out of range is named with its row
+    when `origins` tells where each split's rows come from."""
     for split, y in (("train", y_train), ("test", y_test)):
         if len(y) == 0:
             raise DataError(f"{source}: the {split} split is empty; point data.root at a directory with data")
@@ -145,10 +148,13 @@ def check_labels(y_train: np.ndarray, y_test: np.ndarray, num_classes: int | Non
             "data.num_classes if that many classes are meant"
         )
     for split, y in (("train", y_train), ("test", y_test)):
-        bad = y[(y < 0) | (y >= classes)]
+        bad = np.flatnonzero((y < 0) | (y >= classes))
         if len(bad):
+            label = int(y[bad[0]])
+            where = f"at {origins[split].row(int(bad[0]))}" if origins else f"in the {split} split"
+            missing = " (-1 usually marks a missing label)" if label == -1 else ""
             raise DataError(
-                f"{source}: label {int(bad[0])} in the {split} split is outside [0, {classes}); "
+                f"{source}: label {label} {where} is outside [0, {classes}){missing}; "
                 f"relabel to 0..{classes - 1} or set data.num_classes"
             )
     return classes

@@ -13,6 +13,7 @@ import torch
 from growpipe import envvars
 from growpipe.config import DataSpec
 from growpipe.data.bundle import DataBundle, Split, check_labels
+from growpipe.data.checks import Origin, check_columns, column_array, dropped_columns_note
 from growpipe.data.images import open_fs, open_image, read_folder_images, scan_folder, stack_images
 from growpipe.data.moments import unit_float
 from growpipe.data.stream import ArrowSource, ColumnsSource, DiskRows, FolderSource
@@ -220,7 +221,7 @@ def load_imagefolder(spec: DataSpec) -> DataBundle:
 
 
 def streamed_bundle(name: str, sources: dict[str, Any], labels: dict[str, np.ndarray], class_names: list[str],
-                    spec: DataSpec) -> DataBundle:  # fmt: skip
+                    spec: DataSpec, notes: list[str] | None = None) -> DataBundle:  # fmt: skip
     """A bundle whose inputs stay on disk, read a batch at a time; `load_data` then checks every row it keeps
     (images decode to one mode and size, numbers are numbers) in one pass that also gives the statistics."""
     classes = check_labels(labels["train"], labels["test"], spec.num_classes or len(class_names), name)
@@ -239,6 +240,7 @@ def streamed_bundle(name: str, sources: dict[str, Any], labels: dict[str, np.nda
         test=Split(rows["test"], torch.from_numpy(labels["test"])),
         num_classes=classes,
         class_names=list(class_names)[:classes],
+        notes=list(notes or []),
     )
 
 
@@ -262,16 +264,14 @@ def _first_shape(rows: DiskRows, spec: DataSpec, split: str) -> tuple[int, ...]:
     raise DataError(f"{rows.name}: no row of the {split} split can be read; check the files")
 
 
-def _streamed_table(name: str, train: Any, test: Any, spec: DataSpec) -> DataBundle:
+def _streamed_table(name: str, train: Any, test: Any, spec: DataSpec, origins: dict[str, Origin]) -> DataBundle:
     """parquet/csv/json (memory-mapped Arrow) read per batch: its number and number-list columns."""
     import datasets
     import pandas as pd
 
     label = spec.label_column
     for split, ds in (("train", train), ("test", test)):
-        if label not in ds.column_names:
-            raise DataError(f"{name}: no label column {label!r} in the {split} split (columns: "
-                            f"{', '.join(ds.column_names)}); set data.label_column")  # fmt: skip
+        _check_label_column(ds.column_names, label, origins[split], name)
     if spec.text_column in train.column_names:
         raise DataError(f"data.stream: {name} has a text column ({spec.text_column!r}), tokenised in memory; set "
                         "data.stream: false")  # fmt: skip
@@ -280,13 +280,16 @@ def _streamed_table(name: str, train: Any, test: Any, spec: DataSpec) -> DataBun
         f = getattr(f, "feature", f)  # a list column: its items
         return isinstance(f, datasets.Value) and (f.dtype.startswith(("int", "uint", "float")) or f.dtype == "double")
 
-    feats = [c for c, f in train.features.items() if c not in (label, "label_name") and numeric(f)]
+    others = [c for c in train.column_names if c not in (label, "label_name")]
+    feats = [c for c in others if numeric(train.features[c])]
     if not feats:
         raise DataError(f"{name}: no numeric feature columns to stream; set data.stream: false")
+    check_columns(feats, test.column_names, origins, name)
     frames = [pd.DataFrame({c: ds[c] for c in (label, "label_name") if c in ds.column_names}) for ds in (train, test)]
-    ytr, yte, names = _labels(*frames, spec, name)
-    sources = {"train": ColumnsSource(train, feats, "train"), "test": ColumnsSource(test, feats, "test")}
-    return streamed_bundle(name, sources, {"train": ytr.numpy(), "test": yte.numpy()}, names, spec)
+    ytr, yte, names = _labels(*frames, spec, name, origins)
+    sources = {s: ColumnsSource(ds, feats, origins[s]) for s, ds in (("train", train), ("test", test))}
+    notes = dropped_columns_note([c for c in others if c not in feats])
+    return streamed_bundle(name, sources, {"train": ytr.numpy(), "test": yte.numpy()}, names, spec, notes)
 
 
 # ---- tables and text ----------------------------------------------------------------------------------
@@ -297,9 +300,10 @@ def load_newsgroups(spec: DataSpec) -> DataBundle:
     root = locate(spec, "20newsgroups", ["train.parquet", "test.parquet"])
     import pandas as pd
 
-    train = pd.read_parquet(root / "train.parquet")
-    test = pd.read_parquet(root / "test.parquet")
-    return frames_to_bundle("20newsgroups", train, test, spec)
+    origins = {s: Origin.of_file(str(root / f"{s}.parquet"), s) for s in ("train", "test")}
+    train = pd.read_parquet(origins["train"].place)
+    test = pd.read_parquet(origins["test"].place)
+    return frames_to_bundle("20newsgroups", train, test, spec, origins)
 
 
 def load_files(spec: DataSpec) -> DataBundle:
@@ -311,36 +315,53 @@ def load_files(spec: DataSpec) -> DataBundle:
         raise DataNotFoundError(f"data.name: {uri} is not a directory; give {fmt}:DIR with train.{fmt} and test.{fmt}")
     exts = {"parquet": ["parquet"], "csv": ["csv"], "json": ["json", "jsonl"]}[fmt]
     local = "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
-    files = {}
+    files, columns, lacking = {}, {}, []
     for split in ("train", "test"):
         found = [f"{root}/{split}.{e}" for e in exts if fs.isfile(f"{root}/{split}.{e}")]
         if not found:
             raise DataNotFoundError(f"data.name: {uri} has no {split}.{exts[0]}; add it or point at the right folder")
-        if _has_no_rows(fs, found[0], fmt):
+        empty, columns[split] = _peek(fs, found[0], fmt)
+        if empty:
             raise DataError(f"{spec.name}: the {split} split is empty ({found[0]} has no rows); add data to it")
         files[split] = found[0] if local else fs.unstrip_protocol(found[0])
+    if columns["train"] is not None and columns["test"] is not None:
+        extra = [c for c in columns["test"] if c not in columns["train"]]
+        if extra:  # datasets cannot cast the test file to the train file's columns
+            raise DataError(f"{spec.name}: column {extra[0]!r} is in {files['test']} but not in {files['train']}; "
+                            "give both files the same columns")  # fmt: skip
+        lacking = [c for c in columns["train"] if c not in columns["test"]]
     import datasets
 
     try:
         ds = datasets.load_dataset(fmt, data_files=files)
     except Exception as e:  # datasets wraps parser errors in several types
-        cause = e.__cause__ or e
-        raise DataError(f"data.name: cannot read {uri} as {fmt} ({str(cause).splitlines()[0]})") from None
+        cause = str(e.__cause__ or e)
+        why = "the train and test files have different columns" if "column names don't match" in cause else cause
+        raise DataError(f"data.name: cannot read {uri} as {fmt} ({why.splitlines()[0]})") from None
+    if lacking:  # datasets fills them in blank: left out, so that a column read from both is named as missing
+        ds["test"] = ds["test"].remove_columns(lacking)
+    origins = {s: Origin.of_file(f, s) for s, f in files.items()}
     if spec.stream:
-        return _streamed_table(spec.name, ds["train"], ds["test"], spec)
-    return frames_to_bundle(spec.name, ds["train"].to_pandas(), ds["test"].to_pandas(), spec)
+        return _streamed_table(spec.name, ds["train"], ds["test"], spec, origins)
+    return frames_to_bundle(spec.name, ds["train"].to_pandas(), ds["test"].to_pandas(), spec, origins)
 
 
-def _has_no_rows(fs: Any, path: str, fmt: str) -> bool:
+def _peek(fs: Any, path: str, fmt: str) -> tuple[bool, list[str] | None]:
+    """Whether a file has no rows, and its column names where they are cheap to read (a CSV header, a parquet
+    schema; None for JSON)."""
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
         with fs.open(path, "rb") as f:
-            return pq.ParquetFile(f).metadata.num_rows == 0
-    with fs.open(path, "r", encoding="utf-8", errors="replace") as f:
+            meta = pq.ParquetFile(f)
+            return meta.metadata.num_rows == 0, list(meta.schema_arrow.names)
+    with fs.open(path, "r", encoding="utf-8-sig", errors="replace") as f:
         lines = [ln for ln in (f.readline() for _ in range(3)) if ln.strip()]
-    header = 1 if fmt == "csv" else 0
-    return len(lines) <= header or (fmt == "json" and lines[0].strip() in ("[]", "{}"))
+    if fmt == "csv":
+        import csv
+
+        return len(lines) <= 1, next(csv.reader(lines[:1]), None)
+    return not lines or lines[0].strip() in ("[]", "{}"), None
 
 
 def load_hf(spec: DataSpec) -> DataBundle:
@@ -364,9 +385,10 @@ def load_hf(spec: DataSpec) -> DataBundle:
     if "train" not in ds or test_name is None:
         raise DataError(f"data.name: {name!r} has splits {list(ds)}; growpipe needs train and test (or validation)")
     image = _image_feature(ds["train"].features, spec)
+    origins = {"train": Origin.of_split(spec.name, "train"), "test": Origin(f"{spec.name} ({test_name} split)", "test")}
     if image is not None:
-        return _hf_images(spec.name, ds["train"], ds[test_name], image, spec)
-    return frames_to_bundle(spec.name, ds["train"].to_pandas(), ds[test_name].to_pandas(), spec)
+        return _hf_images(spec.name, ds["train"], ds[test_name], image, spec, origins)
+    return frames_to_bundle(spec.name, ds["train"].to_pandas(), ds[test_name].to_pandas(), spec, origins)
 
 
 def _image_feature(features: Any, spec: DataSpec) -> str | None:
@@ -381,7 +403,8 @@ def _image_feature(features: Any, spec: DataSpec) -> str | None:
     return images[0] if len(images) == 1 else None
 
 
-def _hf_images(name: str, train: Any, test: Any, column: str, spec: DataSpec) -> DataBundle:
+def _hf_images(name: str, train: Any, test: Any, column: str, spec: DataSpec,
+               origins: dict[str, Origin]) -> DataBundle:  # fmt: skip
     """A Hugging Face dataset with an Image column: decoded, one mode and size, labels from its label column
     (ClassLabel names kept)."""
     import datasets
@@ -389,46 +412,50 @@ def _hf_images(name: str, train: Any, test: Any, column: str, spec: DataSpec) ->
 
     label = spec.label_column
     for split, ds in (("train", train), ("test", test)):
-        if label not in ds.column_names:
-            raise DataError(f"{name}: no label column {label!r} in the {split} split (columns: "
-                            f"{', '.join(ds.column_names)}); set data.label_column")  # fmt: skip
+        _check_label_column(ds.column_names, label, origins[split], name)
     frames = pd.DataFrame({label: train[label]}), pd.DataFrame({label: test[label]})
-    ytr, yte, names = _labels(*frames, spec, name)
+    ytr, yte, names = _labels(*frames, spec, name, origins)
     feature = train.features[label]
     if isinstance(feature, datasets.ClassLabel):
         names = list(feature.names)
     if spec.stream is not False:
-        sources = {"train": ArrowSource(train, column, "train"), "test": ArrowSource(test, column, "test")}
+        sources = {s: ArrowSource(ds, column, origins[s]) for s, ds in (("train", train), ("test", test))}
         return streamed_bundle(name, sources, {"train": ytr.numpy(), "test": yte.numpy()}, names, spec)
     arrays = []
     for split, ds in (("train", train), ("test", test)):
         raw = ds.cast_column(column, datasets.Image(decode=False))[column]
-        arrays.append(stack_images(((_row_name(split, i, r), open_image(r, _row_name(split, i, r)))
-                                    for i, r in enumerate(raw)), spec, name))  # fmt: skip
+        named = ((_row_name(origins[split], i, r), r) for i, r in enumerate(raw))
+        arrays.append(stack_images(((where, open_image(r, where)) for where, r in named), spec, name))
     return _image_bundle(name, arrays[0], ytr.numpy(), arrays[1], yte.numpy(), names, spec)
 
 
-def _row_name(split: str, i: int, raw: Any) -> str:
+def _row_name(origin: Origin, i: int, raw: Any) -> str:
     path = raw.get("path") if isinstance(raw, dict) else None
-    return f"{split} row {i}" + (f" ({path})" if path else "")
+    return origin.row(i) + (f" ({path})" if path else "")
 
 
-def frames_to_bundle(name: str, train: pd.DataFrame, test: pd.DataFrame, spec: DataSpec) -> DataBundle:
+def _check_label_column(columns: list[str], label: str, origin: Origin, name: str) -> None:
+    if label not in columns:
+        raise DataError(f"{name}: no label column {label!r} in {origin.place} (columns: {', '.join(map(str, columns))}"
+                        "); set data.label_column")  # fmt: skip
+
+
+def frames_to_bundle(name: str, train: pd.DataFrame, test: pd.DataFrame, spec: DataSpec,
+                     origins: dict[str, Origin] | None = None) -> DataBundle:  # fmt: skip
     """Turn train/test frames into a text bundle (when the text column exists), an image bundle (number
-    lists or numeric columns reshaped by data.image_shape) or a tabular one."""
+    lists or numeric columns reshaped by data.image_shape) or a tabular one. `origins` (each split's file)
+    name the rows in messages."""
     import pandas as pd
 
     label = spec.label_column
+    origins = origins or {s: Origin.of_split(name, s) for s in ("train", "test")}
     for split, df in (("train", train), ("test", test)):
         if len(df) == 0:
             raise DataError(f"{name}: the {split} split is empty; point data at files with rows")
-        if label not in df.columns:
-            raise DataError(
-                f"{name}: no label column {label!r} in the {split} split (columns: {', '.join(map(str, df.columns))}); "
-                "set data.label_column"
-            )
-    ytr, yte, class_names = _labels(train, test, spec, name)
+        _check_label_column(list(df.columns), label, origins[split], name)
+    ytr, yte, class_names = _labels(train, test, spec, name, origins)
     if spec.text_column in train.columns:
+        check_columns([spec.text_column], list(test.columns), origins, name)
         _check_text(train[spec.text_column], spec.text_column, name)
         vocab = Vocab.build(train[spec.text_column].astype(str), spec.vocab_size)
         xtr = vocab.encode(train[spec.text_column].astype(str).tolist(), spec.max_len)
@@ -441,16 +468,10 @@ def frames_to_bundle(name: str, train: pd.DataFrame, test: pd.DataFrame, spec: D
         raise DataError(
             f"{name}: no text column {spec.text_column!r} and no numeric feature columns; set data.text_column"
         )
-    for split, df in (("train", train), ("test", test)):
-        nan = df[[c for c in feats if c not in vectors]].isna().sum()
-        if nan.any():
-            col = nan[nan > 0].index[0]
-            raise DataError(f"{name}: column {col!r} has {int(nan[col])} missing (NaN) value(s) in the {split} split "
-                            f"({int((nan > 0).sum())} column(s) have some); fill or drop them first")  # fmt: skip
-    dropped = [str(c) for c in others if c not in feats]
-    notes = [f"dropped {len(dropped)} non-numeric column(s): {', '.join(dropped)}"] if dropped else []
-    xtr = _feature_matrix(train, feats, vectors, name, "train")
-    xte = _feature_matrix(test, feats, vectors, name, "test")
+    check_columns(feats, list(test.columns), origins, name)
+    notes = dropped_columns_note([str(c) for c in others if c not in feats])
+    xtr = _feature_matrix(train, feats, vectors, origins["train"])
+    xte = _feature_matrix(test, feats, vectors, origins["test"])
     if xtr.shape[1] != xte.shape[1]:
         raise DataError(f"{name}: train rows have {xtr.shape[1]} features but test rows {xte.shape[1]}; fix the data")
     if spec.image_shape is not None:
@@ -477,28 +498,20 @@ def _is_vector_column(column: pd.Series) -> bool:
     return len(sample) > 0 and isinstance(sample.iloc[0], list | tuple | np.ndarray)
 
 
-def _feature_matrix(df: pd.DataFrame, feats: list[str], vectors: list[str], name: str, split: str) -> np.ndarray:
-    """(rows, features): numeric columns as they are, number-list columns spread out, in column order."""
+def _feature_matrix(df: pd.DataFrame, feats: list[str], vectors: list[str], origin: Origin) -> np.ndarray:
+    """(rows, features): numeric columns as they are, number-list columns spread out, in column order; each
+    checked by `column_array` as rows read from disk are."""
     parts = []
     for c in feats:
-        if c not in vectors:
-            parts.append(df[[c]].to_numpy())
-            continue
-        lengths = df[c].map(lambda v: -1 if v is None else len(v))
-        if lengths.nunique() != 1 or lengths.iloc[0] < 1:
-            row = int(np.flatnonzero(lengths.to_numpy() != lengths.iloc[0])[0]) if lengths.nunique() > 1 else 0
-            raise DataError(f"{name}: column {c!r} holds lists of different lengths ({split} row {row} has "
-                            f"{lengths.iloc[row]}, row 0 {lengths.iloc[0]}); give all rows as many values")  # fmt: skip
-        arr = np.stack([np.asarray(v) for v in df[c]])
-        if np.issubdtype(arr.dtype, np.floating) and np.isnan(arr).any():
-            row = int(np.flatnonzero(np.isnan(arr).any(axis=1))[0])
-            raise DataError(f"{name}: column {c!r} has a missing (NaN) value in {split} row {row}; fill or drop "
-                            "them first")  # fmt: skip
-        parts.append(arr)
-    try:
-        return np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
-    except (ValueError, TypeError) as e:
-        raise DataError(f"{name}: feature columns {feats} are not all numbers ({e}); fix the data") from None
+        column = df[c]
+        if c in vectors:
+            values = column.tolist()
+        elif column.isna().any():  # nullable integers hold pd.NA: as NaN, refused as missing
+            values = column.to_numpy(dtype=np.float64, na_value=np.nan)
+        else:
+            values = column.to_numpy()
+        parts.append(column_array(values, c, origin))
+    return np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
 
 
 def _check_text(column: pd.Series, col: str, name: str) -> None:
@@ -515,24 +528,64 @@ def _check_text(column: pd.Series, col: str, name: str) -> None:
                         "(a table without one trains on its numeric columns)")  # fmt: skip
 
 
-def _labels(train: pd.DataFrame, test: pd.DataFrame, spec: DataSpec, name: str):
-    import pandas as pd
-
+def _labels(train: pd.DataFrame, test: pd.DataFrame, spec: DataSpec, name: str, origins: dict[str, Origin]):
+    """Both splits' labels as class ids, and the class names: integers (or whole numbers) are the ids, text
+    labels are names, numbered in sorted order. DataError naming the file, row and column of a blank label or
+    one unlike the rest of its column (see `_class_ids`)."""
     col = spec.label_column
-    if not pd.api.types.is_integer_dtype(train[col]):
+    ytr, yte = (_class_ids(df[col], col, origins[s]) for s, df in (("train", train), ("test", test)))
+    if ytr is None or yte is None:  # class names
         names = sorted(set(train[col].astype(str)))
         index = {n: i for i, n in enumerate(names)}
-        unseen = sorted(set(test[col].astype(str)) - set(names))
-        if unseen:
-            raise DataError(f"{name}: test label {unseen[0]!r} never appears in train; fix the label column")
+        text = test[col].astype(str)
+        unseen = np.flatnonzero(~text.isin(names).to_numpy())
+        if len(unseen):
+            row = int(unseen[0])
+            raise DataError(f"{origins['test'].row(row)}, column {col!r}: label {text.iloc[row]!r} never appears in "
+                            f"{origins['train'].place}; fix the label or add training rows of that class")  # fmt: skip
         ytr = np.array([index[v] for v in train[col].astype(str)], dtype=np.int64)
-        yte = np.array([index[v] for v in test[col].astype(str)], dtype=np.int64)
+        yte = np.array([index[v] for v in text], dtype=np.int64)
         return torch.from_numpy(ytr), torch.from_numpy(yte), names
-    ytr, yte = train[col].to_numpy(np.int64, copy=True), test[col].to_numpy(np.int64, copy=True)
-    classes = check_labels(ytr, yte, spec.num_classes, f"{name} column {col!r}")
+    classes = check_labels(ytr, yte, spec.num_classes, f"{name} column {col!r}", origins)
     if "label_name" in train.columns:
-        pairs = dict(zip(train[col], train["label_name"].astype(str), strict=True))
+        pairs = dict(zip(ytr.tolist(), train["label_name"].astype(str), strict=True))
         names = [pairs.get(i, str(i)) for i in range(classes)]
     else:
         names = [str(i) for i in range(classes)]
     return torch.from_numpy(ytr), torch.from_numpy(yte), names
+
+
+def _class_ids(values: pd.Series, col: str, origin: Origin) -> np.ndarray | None:
+    """A label column as class ids (integers, whole numbers, or text that is all integers), or None for class
+    names (text). DataError naming the row of a blank label, a number that is not whole, or a label unlike
+    the rest (a word among class ids, or an integer among names)."""
+    import pandas as pd
+
+    text = values.astype(str).str.strip() if values.dtype == object or pd.api.types.is_string_dtype(values) else None
+    blank = values.isna().to_numpy() | (text.eq("").to_numpy(dtype=bool) if text is not None else False)
+    if blank.any():
+        raise DataError(f"{origin.row(int(np.flatnonzero(blank)[0]))}, column {col!r}: no label; give every row its "
+                        "class, or drop the row")  # fmt: skip
+    if pd.api.types.is_bool_dtype(values):
+        return None
+    if pd.api.types.is_integer_dtype(values):
+        return values.to_numpy(np.int64, copy=True)
+    if pd.api.types.is_float_dtype(values):
+        arr = values.to_numpy(np.float64)
+        odd = np.flatnonzero(~np.isfinite(arr) | (arr != np.round(arr)))
+        if len(odd):
+            raise DataError(f"{origin.row(int(odd[0]))}, column {col!r}: label {arr[odd[0]]:g} is not a class id (a "
+                            "whole number 0, 1, ...); fix it, or give the classes as names (text)")  # fmt: skip
+        return arr.astype(np.int64)
+    if text is None:
+        return None
+    is_id = text.str.fullmatch(r"[+-]?\d+").to_numpy(dtype=bool)
+    if is_id.all():
+        return text.astype(np.int64).to_numpy()
+    if not is_id.any():
+        return None
+    mostly_ids = 2 * int(is_id.sum()) >= len(is_id)  # the fewer kind is the mistake
+    row = int(np.flatnonzero(~is_id if mostly_ids else is_id)[0])
+    among = "class ids (whole numbers)" if mostly_ids else "class names"
+    raise DataError(f"{origin.row(row)}, column {col!r}: label {values.iloc[row]!r} among {among}; fix it, or give "
+                    "every class by name")  # fmt: skip

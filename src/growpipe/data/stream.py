@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from growpipe.config import DataSpec
+from growpipe.data.checks import Origin, column_array
 from growpipe.data.images import open_fs, open_image, stack_images
 from growpipe.data.moments import STATS_BATCH, Moments, standardise, unit_float
 from growpipe.errors import DataError
@@ -47,8 +48,9 @@ class DiskRows:
         if self.shape and int(np.prod(arr.shape[1:])) == int(np.prod(self.shape)) and arr.ndim == 2:
             arr = arr.reshape(len(arr), *self.shape)  # number columns viewed as images (data.image_shape)
         if self.shape and arr.shape[1:] != self.shape:
-            raise DataError(f"{self.name}: the rows {pos[:3].tolist()}... are {arr.shape[1:]} but earlier ones "
-                            f"{self.shape}; set data.image_size and data.channels (images) or fix them")  # fmt: skip
+            raise DataError(f"{self.name}: the rows from {self.source.where(int(pos[0]))} on are {arr.shape[1:]} but "
+                            f"earlier ones {self.shape}; set data.image_size and data.channels (images) or fix "
+                            "them")  # fmt: skip
         return arr
 
     def tensor(self, idx: torch.Tensor | Iterable[int]) -> torch.Tensor:
@@ -137,6 +139,9 @@ class FolderSource:
             with fs.open(self.files[p], "rb") as fh:
                 yield self.files[p], open_image(fh.read(), self.files[p])
 
+    def where(self, position: int) -> str:
+        return self.files[position]
+
     def fingerprint(self) -> str:
         return f"{self.uri}:{len(self.files)}"
 
@@ -144,57 +149,48 @@ class FolderSource:
 class ArrowSource:
     """An Image column of a Hugging Face dataset (memory-mapped Arrow), read undecoded by position."""
 
-    def __init__(self, ds: Any, column: str, split: str):
+    def __init__(self, ds: Any, column: str, origin: Origin):
         import datasets
 
         self.ds = ds.select_columns([column]).cast_column(column, datasets.Image(decode=False))
         self.column = column
-        self.split = split
+        self.origin = origin
 
     def read(self, positions: np.ndarray, spec: DataSpec, name: str) -> np.ndarray:
         return stack_images(self.images(positions), spec, name)
 
     def images(self, positions: np.ndarray) -> Iterator[tuple[str, Any]]:
         for p, raw in zip(positions.tolist(), self.ds[positions.tolist()][self.column], strict=True):
-            where = f"{self.split} row {p}" + (f" ({raw['path']})" if isinstance(raw, dict) and raw.get("path") else "")
+            where = self.where(p) + (f" ({raw['path']})" if isinstance(raw, dict) and raw.get("path") else "")
             yield where, open_image(raw, where)
 
+    def where(self, position: int) -> str:
+        return self.origin.row(position)
+
     def fingerprint(self) -> str:
-        return f"{self.split}:{getattr(self.ds, '_fingerprint', '')}"
+        return f"{self.origin.split}:{getattr(self.ds, '_fingerprint', '')}"
 
 
 class ColumnsSource:
     """Number columns of a Hugging Face dataset (memory-mapped Arrow: parquet, csv, json): scalar columns
-    and number-list columns, read by position as one (n, features) array."""
+    and number-list columns, read by position as one (n, features) array; rows that are not all finite
+    numbers of one length are refused as in memory (`column_array`)."""
 
-    def __init__(self, ds: Any, columns: list[str], split: str):
+    def __init__(self, ds: Any, columns: list[str], origin: Origin):
         self.ds = ds.select_columns(columns)
         self.columns = columns
-        self.split = split
+        self.origin = origin
 
     def read(self, positions: np.ndarray, spec: DataSpec, name: str) -> np.ndarray:
         rows = self.ds[positions.tolist()]
-        parts = []
-        for c in self.columns:
-            values = rows[c]
-            try:
-                arr = np.asarray(values)
-                if arr.dtype == object:  # nulls (None) among numbers: NaN, refused below
-                    arr = np.asarray(values, dtype=np.float64)
-            except (ValueError, TypeError):
-                arr = np.asarray([], dtype=object)
-            if arr.dtype == object or (arr.ndim == 2 and arr.shape[1] == 0):
-                raise DataError(f"{name}: column {c!r} holds lists of different lengths or non-numbers near "
-                                f"{self.split} row {int(positions[0])}; give all rows as many numbers")  # fmt: skip
-            if np.issubdtype(arr.dtype, np.floating) and np.isnan(arr).any():
-                row = int(positions[np.flatnonzero(np.isnan(arr.reshape(len(arr), -1)).any(axis=1))[0]])
-                raise DataError(f"{name}: column {c!r} has a missing (NaN) value in {self.split} row {row}; fill "
-                                "or drop them first")  # fmt: skip
-            parts.append(arr.reshape(len(arr), -1))
+        parts = [column_array(rows[c], c, self.origin, positions) for c in self.columns]
         return np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
 
+    def where(self, position: int) -> str:
+        return self.origin.row(position)
+
     def fingerprint(self) -> str:
-        return f"{self.split}:{getattr(self.ds, '_fingerprint', '')}"
+        return f"{self.origin.split}:{getattr(self.ds, '_fingerprint', '')}"
 
 
 def prefetch(jobs: Iterable[T], work: Callable[[T], Any], workers: int, ahead: int) -> Iterator[Any]:

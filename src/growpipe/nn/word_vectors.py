@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import gzip
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,10 +13,17 @@ import torch
 from growpipe.data.text import Vocab
 from growpipe.errors import DataError, DataNotFoundError
 
+CONVERT = (
+    "convert it to the text format, e.g. with gensim: KeyedVectors.load_word2vec_format(path, binary=True)"
+    ".save_word2vec_format(out, binary=False)"
+)
+
 
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
     opener = gzip.open if path.suffix == ".gz" else open
     try:
+        with opener(path, "rb") as raw:  # type: ignore[operator]
+            _refuse_binary(path, raw.read(1 << 16))
         fh: IO[str]
         with opener(path, "rt", encoding="utf-8", errors="replace") as fh:  # type: ignore[operator]
             yield from enumerate(fh, start=1)
@@ -23,12 +31,33 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
         raise DataError(f"net.word_vectors: cannot read {path} ({e}); re-download or point at a text file") from None
 
 
+def _refuse_binary(path: Path, head: bytes) -> None:
+    """DataError unless the file starts as text (UTF-8, no NUL byte): binary word2vec (.bin) is not read."""
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+        text = b"\0" not in head
+    except UnicodeDecodeError:
+        text = False
+    if not text:
+        first = head.split(b"\n", 1)[0].split()
+        w2v = len(first) == 2 and all(x.isdigit() for x in first)
+        what = "binary word2vec" if w2v else "binary data"
+        raise DataError(f"net.word_vectors: {path} is {what}, not a text vectors file; growpipe reads GloVe/word2vec "
+                        f"text (.txt or .txt.gz): {CONVERT}")  # fmt: skip
+
+
 def read_word_vectors(path: str | Path, vocab: Vocab, dim: int) -> tuple[torch.Tensor, int]:
     """An embedding matrix (len(vocab), dim): the file's vector for each vocabulary word found in it, the
     others drawn from N(0, std of the vectors found); <pad> is zero. Returns it and the number of words found.
     A word2vec header line ("count dim") is skipped. DataError naming the file, the line and the fix for a
-    missing or empty file, a malformed line, or a dimension other than `dim` (net.embed_dim)."""
+    missing or empty file, a directory, a binary file, a malformed line, a dimension other than `dim`
+    (net.embed_dim), or a non-finite value in a vector the vocabulary uses."""
     p = Path(path).expanduser()
+    if p.is_dir():
+        inside = sorted(p.glob("*.txt")) + sorted(p.glob("*.txt.gz"))
+        hint = f", e.g. {inside[0]}" if inside else ""
+        raise DataError(f"net.word_vectors: {p} is a directory; give the GloVe/word2vec text file (.txt or .txt.gz) "
+                        f"itself{hint}")  # fmt: skip
     if not p.is_file():
         raise DataNotFoundError(f"net.word_vectors: {p} does not exist; give a GloVe/word2vec .txt or .txt.gz file")
     matrix = torch.zeros(len(vocab), dim)
@@ -49,10 +78,15 @@ def read_word_vectors(path: str | Path, vocab: Vocab, dim: int) -> tuple[torch.T
         if i is None or i < 2 or found[i]:  # not in the vocabulary, <pad>/<unk>, or a repeated word
             continue
         try:
-            matrix[i] = torch.tensor([float(v) for v in parts[1:]])
+            vector = torch.tensor([float(v) for v in parts[1:]])
         except ValueError:
             raise DataError(f"net.word_vectors: {p} line {number} holds a value that is not a number; fix or "
                             "remove the line") from None  # fmt: skip
+        if not bool(torch.isfinite(vector).all()):
+            bad = parts[1 + int(torch.nonzero(~torch.isfinite(vector))[0])]
+            raise DataError(f"net.word_vectors: {p} line {number}: the vector of {parts[0]!r} holds {bad}; every "
+                            "value must be a finite number: fix or remove the line")  # fmt: skip
+        matrix[i] = vector
         found[i] = True
     if not seen_any:
         raise DataError(f"net.word_vectors: {p} holds no vectors; give a GloVe/word2vec text file")
