@@ -1,6 +1,6 @@
 """`ray job submit` entry point: ask a run on this cluster to append a block.
 
-    raylocal/submit grow --run demo --kind layer --width 128
+    raylocal/submit grow --run NAME --kind layer --width 128
 
 Takes the arguments of `growpipe grow` (see --help).
 """

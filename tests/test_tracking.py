@@ -176,7 +176,7 @@ def test_a_ray_run_stopped_midway_ends_killed_with_its_reason_and_releases_every
 
 
 @pytest.mark.usefixtures("mlflow_db")  # an empty store at tmp_path/mlflow.db
-def test_sigterm_ends_a_local_run_as_killed(tmp_path: Path):
+def test_sigterm_ends_a_local_run_as_killed_and_its_resume_is_tagged_as_such(tmp_path: Path):
     import os
     import signal
     import subprocess
@@ -184,7 +184,7 @@ def test_sigterm_ends_a_local_run_as_killed(tmp_path: Path):
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     sets = ["name=sigterm", "train.epochs=500", "net.width=32", f"tracking.uri={uri}", "tracking.experiment=tests",
-            f"tracking.workdir={tmp_path}", "checkpoint.enabled=false"]  # fmt: skip
+            f"tracking.workdir={tmp_path}", f"checkpoint.uri={tmp_path / 'ck'}"]  # fmt: skip
     cmd = [sys.executable, "-m", "growpipe.cli", "train", "--runtime", "local", "-q",
            *(a for kv in sets for a in ("--set", kv))]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -199,9 +199,17 @@ def test_sigterm_ends_a_local_run_as_killed(tmp_path: Path):
     _wait(trained_two_epochs)
     os.kill(proc.pid, signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and "interrupted" in err
+    assert proc.returncode == 143 and err.strip().splitlines()[-1] == "growpipe train: stopped by SIGTERM", err
+    assert "Traceback" not in err
     _, run = _only_run(uri)
-    assert run.info.status == "KILLED" and run.data.tags["growpipe.end_reason"].startswith("interrupted")
+    assert run.info.status == "KILLED" and run.data.tags["growpipe.end_reason"] == "interrupted (SIGTERM)"
+    done = len(client.get_metric_history(run.info.run_id, "test_accuracy"))
+    resume = [sys.executable, "-m", "growpipe.cli", "train", "--runtime", "local", "-q", "--resume", "sigterm",
+              "--set", f"checkpoint.uri={tmp_path / 'ck'}", "--set", f"train.epochs={done + 1}"]  # fmt: skip
+    resumed = subprocess.run(resume, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    _, run = _only_run(uri)  # the same MLflow run, now describing how the resumed run ended
+    assert run.info.status == "FINISHED" and run.data.tags["growpipe.end_reason"] == "finished"
 
 
 @pytest.mark.usefixtures("mlflow_db")  # an empty store at tmp_path/mlflow.db

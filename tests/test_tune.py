@@ -130,7 +130,7 @@ def test_domains_need_exactly_one_valid_kind():
 @pytest.mark.usefixtures("ray_session")
 @pytest.mark.usefixtures("mlflow_db")  # an empty store at tmp_path/mlflow.db
 def test_an_interrupted_optuna_sweep_resumes_without_training_any_trial_twice(tmp_path: Path):
-    """SIGTERM stops the sweep the way Ctrl-C does (Tune saves its state, exit 130, the parent MLflow run
+    """SIGTERM stops the sweep the way Ctrl-C does (Tune saves its state, exit 143, the parent MLflow run
     KILLED); the same command resumes it: the trials that had finished are kept, the one that was running
     goes on from its last epoch's checkpoint, Optuna proposes the rest, all in the same MLflow runs. The
     sweep is recorded in MLflow (a parent run, a child per trial) and its best config trains again."""
@@ -156,7 +156,7 @@ def test_an_interrupted_optuna_sweep_resumes_without_training_any_trial_twice(tm
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err[-3000:]
+    assert proc.returncode == 143, err[-3000:]
     state = json.loads((out / "sweep.json").read_text())
     assert state["status"] == "interrupted"
 

@@ -2,10 +2,10 @@
 
 import growpipe
 
-cfg = growpipe.load_config("configs/demo.yaml", ["train.epochs=4"])
+cfg = growpipe.load_config("configs/demo.yaml", ["train.epochs=4", "name=api-demo"])
 run = growpipe.train(cfg, runtime="local")           # or "ray" (embedded Ray, or address=...)
 print(run.result["test_accuracy"], run.net.depth)
-growpipe.grow("demo", kind="layer", width=128)         # a running job on the cluster, by its run name
+growpipe.grow("api-demo", kind="layer", width=128)     # a running job on the cluster, by its run name
 ev = growpipe.evaluate("runs/demo/checkpoint", ["eval.thresholds=[0.9]"])
 """
 

@@ -237,6 +237,9 @@ def _read_manifest(filesystem: Any, path: str) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint: {path} is not a checkpoint (no manifest.json)") from None
     except ValueError as e:
         raise CheckpointError(f"checkpoint {path}: manifest.json is not valid JSON ({e}); it is damaged") from None
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"checkpoint {path}: manifest.json holds a JSON {type(manifest).__name__}, not a "
+                              "growpipe manifest (an object); it is damaged or not growpipe's")  # fmt: skip
     if manifest.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(
             f"checkpoint {path}: format {manifest.get('format_version')}, this growpipe reads {FORMAT_VERSION} "

@@ -683,7 +683,8 @@ def _format_errors(err: ValidationError, source: str, lines: dict[tuple[str, ...
         elif e["type"] == "literal_error":
             msg = f"got {e['input']!r}; {msg.lower()}"
         where = _line_of(loc, lines)
-        problems.append(f"  {'.'.join(loc) or '(top level)'}{where}: {msg}")
+        field = f"{'.'.join(loc)}{where}: " if loc else ""  # a whole-model check names its fields itself
+        problems += [f"  {field}{part}" for part in msg.splitlines()]
     return "\n".join([f"{source}: {len(problems)} problem(s)", *problems])
 
 

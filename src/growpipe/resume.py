@@ -39,3 +39,12 @@ def plan_resume(config: str | None, overrides: list[str], resume: str) -> tuple[
             + "; resume without --config (the checkpoint's own) or start a run with another name"
         )
     return cfg.model_copy(update={"name": name}), ref
+
+
+def continuing_mlflow_run(cfg: RunConfig, manifest: dict, run_name: str) -> RunConfig:
+    """`cfg` logging into the MLflow run the checkpoint's run had, so a resumed run goes on in it (a Tune trial
+    started from another trial's checkpoint, or a config that names its own run_id, keeps its own)."""
+    ours = manifest.get("run") == run_name
+    if not (cfg.tracking.mlflow and manifest.get("mlflow_run_id") and not cfg.tracking.run_id and ours):
+        return cfg
+    return cfg.model_copy(update={"tracking": cfg.tracking.model_copy(update={"run_id": manifest["mlflow_run_id"]})})

@@ -27,7 +27,7 @@ def install(on_signal: Callable[[int], None] | None = None) -> Callable[[], None
     yet): it would turn a SIGTERM during ray.init into a stack dump and an abort (exit 134)."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
-    _received.clear()
+    clear()
     _keep_ray_native_handler_out()
 
     def handler(signum: int, _frame: Any) -> None:
@@ -89,6 +89,11 @@ def note(signum: int) -> None:
     """Remember a stopping signal that reached this process another way (Ray's own handler during ray.init)."""
     if not _received:
         _received.append(signum)
+
+
+def clear() -> None:
+    """Forget a signal received (a test, or a command run again in the same process)."""
+    _received.clear()
 
 
 def received() -> int | None:

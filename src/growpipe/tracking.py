@@ -117,6 +117,8 @@ class MlflowTracker(RunCallback):
             return
         if not self.cfg.tracking.run_id:  # an existing (resumed) run has its params already
             self.queue.append({"op": "params", "params": flatten(self.cfg.model_dump(mode="json"))})
+        else:  # the tags of how it ended before describe that end, not this run
+            self.queue.append({"op": "tags", "tags": {"growpipe.end_reason": "running (resumed)"}})
         self.artifact_text("config.yaml", _yaml(self.cfg.model_dump(mode="json")))
         self.flush()
         if self.run_id:
@@ -204,6 +206,9 @@ class MlflowTracker(RunCallback):
     def close(self) -> Path | None:
         """Mark the run finished (or failed), make a last try to send; what is still unsent goes to a
         local JSON-lines file (returned). Staged files are removed once sent."""
+        with self._lock:
+            if not self.ended and self.status == "FINISHED":
+                self.queue.append({"op": "tags", "tags": {"growpipe.end_reason": "finished"}})
         return self._end(self.status)
 
     def on_stop(self, reason: str) -> None:

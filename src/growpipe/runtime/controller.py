@@ -15,6 +15,7 @@ from growpipe.errors import BAD_INPUT
 from growpipe.loop.engine import Engine
 from growpipe.loop.loop import RunLoop
 from growpipe.prepare import checkpoint_store, run_callbacks
+from growpipe.resume import continuing_mlflow_run
 from growpipe.runtime import NAMESPACE
 
 
@@ -44,11 +45,7 @@ class Controller:
         self._lines: list[str] = []
         store = checkpoint_store(cfg, run_name)
         if resume is not None and store is not None:
-            manifest = store.read_manifest(resume)
-            ours = manifest.get("run") == run_name  # (a Tune trial may start from another trial's checkpoint)
-            if cfg.tracking.mlflow and manifest.get("mlflow_run_id") and not cfg.tracking.run_id and ours:
-                tracking = cfg.tracking.model_copy(update={"run_id": manifest["mlflow_run_id"]})
-                cfg = cfg.model_copy(update={"tracking": tracking})
+            cfg = continuing_mlflow_run(cfg, store.read_manifest(resume), run_name)
         engine = make_engine(cfg, run_name, reserved, self._say)
         callbacks = run_callbacks(cfg, run_name, self._say)
         self.loop = RunLoop(cfg, engine, run_name=run_name, store=store, callbacks=callbacks, say=self._say,

@@ -19,7 +19,9 @@ from growpipe.config import (
     build_config,
     load_config,
     read_yaml_mapping,
+    run_name_problem,
     set_dotted,
+    yaml_key_lines,
 )
 from growpipe.errors import ConfigError
 
@@ -128,7 +130,8 @@ class SourceSpec(_Strict):
 class SweepSpec(_Strict):
     """A whole sweep file."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    name: str
+    """The sweep's name: its MLflow run, its output folder and the prefix of its trials' run names."""
     kind: Literal["train", "thresholds"] = "train"
     """train: each trial trains a net; thresholds: each trial re-reads one trained net's exit predictions."""
     config: str | None = None
@@ -161,27 +164,33 @@ class SweepSpec(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> SweepSpec:
+        if problems := self._problems():
+            raise ValueError("\n".join(problems))  # one line each (see config._format_errors)
+        return self
+
+    def _problems(self) -> list[str]:
+        out = [f"name: {why}"] if (why := run_name_problem(self.name)) else []
         if not self.search_space:
-            raise ValueError("search_space is empty: name at least one config field and its values")
+            out.append("search_space is empty: name at least one config field and its values")
         if self.kind == "thresholds":
             if self.source is None:
-                raise ValueError("kind thresholds needs source: {checkpoint: DIR} (the trained net to re-read)")
+                out.append("kind thresholds needs source: {checkpoint: DIR} (the trained net to re-read)")
             bad = [k for k in self.search_space if k not in THRESHOLD_KEYS]
             if bad:
-                raise ValueError(f"kind thresholds searches {' and '.join(THRESHOLD_KEYS)} only, not {bad}")
+                out.append(f"kind thresholds searches {' and '.join(THRESHOLD_KEYS)} only, not {bad}")
             if "threshold" not in self.search_space:
-                raise ValueError("kind thresholds needs a threshold domain in search_space (e.g. uniform: [0.5, 0.99])")
+                out.append("kind thresholds needs a threshold domain in search_space (e.g. uniform: [0.5, 0.99])")
         elif self.source is not None:
-            raise ValueError("source is for kind thresholds; a train sweep trains its own nets")
+            out.append("source is for kind thresholds; a train sweep trains its own nets")
         grids = [k for k, d in self.search_space.items() if d.grid is not None]
         if self.search == "optuna" and grids:
-            raise ValueError(f"search optuna samples its own values: use choice instead of grid for {grids}")
+            out.append(f"search optuna samples its own values: use choice instead of grid for {grids}")
         if self.scheduler.name == "pbt":
             if self.kind != "train" or self.search != "random" or not self.save_checkpoints:
-                raise ValueError("scheduler pbt is for kind train with search random and save_checkpoints true")
-            if len(grids) == len(self.search_space):
-                raise ValueError("scheduler pbt mutates choice/uniform/loguniform/randint domains; give at least one")
-        return self
+                out.append("scheduler pbt is for kind train with search random and save_checkpoints true")
+            if self.search_space and len(grids) == len(self.search_space):
+                out.append("scheduler pbt mutates choice/uniform/loguniform/randint domains; give at least one")
+        return out
 
     @property
     def objective(self) -> str:
@@ -214,30 +223,34 @@ def trial_config(base: dict[str, Any], params: dict[str, Any], source: str = "tr
     return build_config(raw, source)
 
 
-def check_search_space(spec: SweepSpec, base: dict[str, Any]) -> list[RunConfig]:
-    """Build a run config for every listed value / range end of the search space (one key varied at a time)
-    and return them; ConfigError naming the key and value that does not make a valid run."""
+def check_search_space(spec: SweepSpec, base: dict[str, Any]) -> tuple[list[RunConfig], list[str]]:
+    """Build a run config for every listed value / range end of the search space (one key varied at a time):
+    the configs that are valid, and one line for each key and value that does not make a valid run."""
     if spec.kind == "thresholds":
-        cfgs = []
-        for key, dom in spec.search_space.items():
-            for v in dom.corners():
-                p = {"eval.thresholds": [v]} if key == "threshold" else {key: v}
-                cfgs.append(trial_config(base, p, f"search_space.{key}={v!r}"))
-        return cfgs
-    first = {k: d.corners()[0] for k, d in spec.search_space.items()}
-    cfgs = [trial_config(base, first, "search_space (first values)")]
-    for key, dom in spec.search_space.items():
-        for v in dom.corners()[1:]:
-            cfgs.append(trial_config(base, {**first, key: v}, f"search_space.{key}={v!r}"))
-    return cfgs
+        trials = [({"eval.thresholds": [v]} if key == "threshold" else {key: v}, f"search_space.{key}={v!r}")
+                  for key, dom in spec.search_space.items() for v in dom.corners()]  # fmt: skip
+    else:
+        first = {k: d.corners()[0] for k, d in spec.search_space.items()}
+        trials = [(first, "search_space (first values)")]
+        trials += [({**first, key: v}, f"search_space.{key}={v!r}")
+                   for key, dom in spec.search_space.items() for v in dom.corners()[1:]]  # fmt: skip
+    cfgs, problems = [], []
+    for params, source in trials:
+        try:
+            cfgs.append(trial_config(base, params, source))
+        except ConfigError as e:  # "SOURCE: N problem(s)" then one indented line per problem
+            problems += [f"{source}: {line.strip()}" for line in str(e).splitlines()[1:]]
+    return cfgs, problems
 
 
 def load_sweep(path: str | Path, overrides: list[str] | None = None) -> SweepSpec:
-    """Read and validate a sweep file (`overrides`: --set key=value on the sweep file itself)."""
+    """Read and validate a sweep file (`overrides`: --set key=value on the sweep file itself); ConfigError
+    listing every problem of its fields (with their lines), or else of its consistency."""
     p = Path(path)
     raw = read_yaml_mapping(p, "sweep file", "tune_configs/", "fields (name, config, search_space, ...)")
     raw = apply_overrides(raw, overrides or [])
     try:
         return SweepSpec.model_validate(raw)
     except ValidationError as err:
-        raise ConfigError(_format_errors(err, str(p)).replace("(see configs/", "(see tune_configs/")) from None
+        text = _format_errors(err, str(p), yaml_key_lines(p.read_text()))
+        raise ConfigError(text.replace("(see configs/", "(see tune_configs/")) from None

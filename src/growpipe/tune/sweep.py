@@ -48,19 +48,20 @@ def _total(bundles: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
-def check_metric(spec: SweepSpec, cfgs: list[RunConfig]) -> None:
-    """The metric must be one every trial reports."""
+def metric_problem(spec: SweepSpec, cfgs: list[RunConfig]) -> str | None:
+    """Why the metric is not one every trial reports (None: it is)."""
     m = spec.objective
     if spec.kind == "thresholds":
         if m not in THRESHOLD_METRICS:
-            raise ConfigError(f"metric: {m!r} is not reported by threshold trials; use {list(THRESHOLD_METRICS)}")
-        return
+            return f"metric: {m!r} is not reported by threshold trials; use {list(THRESHOLD_METRICS)}"
+        return None
     if m not in TRAIN_METRICS and not m.startswith(TRAIN_METRIC_PREFIXES):
-        raise ConfigError(
+        return (
             f"metric: {m!r} is not reported by training trials; use one of {list(TRAIN_METRICS)} or acc.exitN / loss.*"
         )
     if m == "val_accuracy" and any(c.data.val_fraction <= 0 for c in cfgs):
-        raise ConfigError("metric: val_accuracy needs a validation split; set data.val_fraction (e.g. 0.1) in set:")
+        return "metric: val_accuracy needs a validation split; set data.val_fraction (e.g. 0.1) in set:"
+    return None
 
 
 def check_fits(spec: SweepSpec, cfgs: list[RunConfig], cluster: dict[str, float]) -> dict[str, float]:
@@ -81,13 +82,17 @@ def check_fits(spec: SweepSpec, cfgs: list[RunConfig], cluster: dict[str, float]
 
 
 def prepare(spec: SweepSpec) -> tuple[dict[str, Any], list[RunConfig]]:
-    """Everything that can be checked without Ray: the base config and every corner of the search space."""
+    """Everything that can be checked without Ray: the base config and every corner of the search space;
+    ConfigError listing every problem found."""
     base = base_raw(spec)
-    cfgs = check_search_space(spec, base)
-    check_metric(spec, cfgs)
+    cfgs, problems = check_search_space(spec, base)
+    if why := metric_problem(spec, cfgs):
+        problems.append(why)
     if spec.kind == "train" and any(c.method == "bp" and c.runtime.bp_schedule == "ddp" for c in cfgs):
-        raise ConfigError("runtime.bp_schedule: ddp places Ray Train workers outside a trial's placement group; "
-                          "sweep bp with gpipe or 1f1b")  # fmt: skip
+        problems.append("runtime.bp_schedule: ddp places Ray Train workers outside a trial's placement group; "
+                        "sweep bp with gpipe or 1f1b")  # fmt: skip
+    if problems:
+        raise ConfigError(f"sweep {spec.name}: {len(problems)} problem(s)\n" + "\n".join(f"  {p}" for p in problems))
     return base, cfgs
 
 
