@@ -191,3 +191,13 @@ def test_what_counts_as_growpipes_own(tmp_path: Path, kind: str):
     (empty.mkdir() if kind == "checkpoint" else empty.write_bytes(b""))
     assert is_own(empty, kind) and output_problem("--x", empty, kind) is None  # nothing to lose
     assert output_problem("--x", tmp_path / "new" / "path", kind) is None
+
+
+def test_an_embedded_ray_that_cannot_start_is_one_line(tmp_path: Path):
+    import os
+
+    cmd = [sys.executable, "-m", "growpipe.cli", "train", *LOCAL[2:], "--set", "checkpoint.enabled=false"]
+    env = {**os.environ, "RAY_TMPDIR": "/proc/no-such-dir"}  # Ray cannot make its session folder there
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith("growpipe train: error: the embedded Ray did not start")

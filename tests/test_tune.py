@@ -83,7 +83,7 @@ def test_threshold_sweep_reuses_stored_predictions_without_training(tmp_path: Pa
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"search_spce": {"method": {"grid": ["al"]}}}, "search_spce: unknown field"),
+        ({"search_spce": {"method": {"grid": ["al"]}}}, "search_spce (line 3): unknown field"),
         ({"search_space": {}}, "search_space is empty"),
         ({"search_space": {"net.blockz": {"grid": [2, 3]}}}, "net.blockz: unknown field"),
         ({"search_space": {"net.blocks": {"grid": [2, 0]}}}, "search_space.net.blocks=0"),
@@ -93,7 +93,7 @@ def test_threshold_sweep_reuses_stored_predictions_without_training(tmp_path: Pa
             {"search_space": {"method": {"grid": ["al"]}}, "resources": {"cpus_per_stage": 3}},
             "resources: one trial needs CPU 6.1",
         ),
-        ({"search_space": {"method": {"grid": ["al"]}}, "search": "hyperopt"}, "search: got 'hyperopt'"),
+        ({"search_space": {"method": {"grid": ["al"]}}, "search": "hyperopt"}, "search (line 3): got 'hyperopt'"),
         ({"search_space": {"method": {"grid": ["al"]}}, "search": "optuna"}, "use choice instead of grid"),
         ({"search_space": {"method": {"grid": ["al"]}}, "scheduler": {"name": "pbt"}}, "pbt mutates choice"),
     ],

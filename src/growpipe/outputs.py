@@ -22,6 +22,8 @@ from growpipe.fsutil import atomic_write_bytes, atomic_write_dir, atomic_write_t
 Kind = Literal["json", "png", "yaml", "checkpoint"]
 MARK = f"growpipe {__version__}"
 YAML_HEADER = "# written by growpipe"
+LEGACY_RESULT_KEYS = {"method", "dataset", "blocks", "adaptive"}
+"""A result or evaluation JSON of a growpipe from before the mark."""
 
 
 def is_own(path: Path, kind: Kind) -> bool:
@@ -35,7 +37,8 @@ def is_own(path: Path, kind: Kind) -> bool:
     try:
         if kind == "json":
             obj = json.loads(path.read_text())
-            return isinstance(obj, dict) and str(obj.get("written_by", "")).startswith("growpipe")
+            return isinstance(obj, dict) and (str(obj.get("written_by", "")).startswith("growpipe")
+                                              or obj.keys() >= LEGACY_RESULT_KEYS)  # fmt: skip
         if kind == "png":
             from PIL import Image
 
