@@ -236,13 +236,14 @@ def test_prefix_cache_spills_to_disk_past_its_memory_bound(tmp_path):
     assert not list(tmp_path.iterdir())  # removed with the stage
 
 
-def test_growth_waits_for_capacity_then_gives_up_clearly_and_the_run_goes_on(monkeypatch):
+def test_growth_waits_for_capacity_then_gives_up_clearly_and_the_run_goes_on(monkeypatch, tmp_path):
     """Constrained local Ray: a placement group holds the free CPUs. A request waits up to
     runtime.placement_timeout_s for them (as for an autoscaler), is refused past it while the run goes on,
     and a later one succeeds when the CPUs come back during its wait."""
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    monkeypatch.setenv("GROWPIPE_STEP_DELAY_MS", "150")
+    gate = tmp_path / "gate"  # epoch 1 stays open until the test is done asking (or a request is ready)
+    monkeypatch.setenv("GROWPIPE_HOLD_AT", f"1:{HOLD}:{gate}")
     cfg = _slow_run("capacity", epochs=3).model_copy(deep=True)
     cfg.runtime.placement_timeout_s = 3.0
     with Pipeline(cfg) as p:
@@ -258,8 +259,9 @@ def test_growth_waits_for_capacity_then_gives_up_clearly_and_the_run_goes_on(mon
         assert ray.get(p.controller.status.remote())["state"] == "training"  # the run goes on
         threading.Timer(1.5, remove_placement_group, args=(hog,)).start()  # capacity comes while it waits
         answer = request_growth("capacity", {"kind": "layer"})
+        gate.touch()
         result = run.result()
-    assert answer["block"] == 2
+    assert answer["block"] == 2 and answer["batch"] == HOLD
     assert result["blocks"] == 3 and result["epochs"] == 3 and len(result["growth"]) == 1
     assert any("request refused: cannot place" in line for line in run.lines)
 

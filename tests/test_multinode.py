@@ -64,15 +64,16 @@ class _Run:
 
 
 def test_stages_spread_one_per_node_and_a_lost_node_replaced_ends_as_if_undisturbed(tmp_path, multinode, monkeypatch):
-    monkeypatch.setenv("GROWPIPE_STEP_DELAY_MS", "25")
+    gate = tmp_path / "gate"  # epoch 2 waits before its batch 3 until the node is lost and back
+    monkeypatch.setenv("GROWPIPE_HOLD_AT", f"2:3:{gate}")
     calm = train_local(_cfg(tmp_path, "calm", checkpoints=False), progress=None).summary()
     with Pipeline(_cfg(tmp_path, "replaced")) as p:
         run = _Run(p)
         run.wait_epoch(p, 2)
-        time.sleep(0.3)  # inside epoch 2
         multinode.remove_node(_node_of(p, 1, multinode))
         time.sleep(2)
         multinode.add_node(num_cpus=1)  # capacity comes back within placement_timeout_s: replaced
+        gate.touch()
         run.join()
     assert run.error is None, (run.error, run.lines[-12:])
     result = run.result
