@@ -178,3 +178,98 @@ def test_a_diverging_run_exits_1_with_one_line_keeps_its_finite_checkpoints_and_
     client = MlflowClient(tracking_uri=uri)
     (run,) = client.search_runs([client.get_experiment_by_name("tests").experiment_id])
     assert run.info.status == "FAILED" and run.data.tags["growpipe.end_reason"] == message
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_pipelined_bp_skips_a_non_finite_mini_batch_on_every_stage_or_stops_on_it(schedule):
+    """The stage classes in this process, driven in each schedule's order: the last stage decides."""
+    from growpipe.nn.net import plan_blocks
+    from growpipe.runtime.async_bp import AsyncBPStage
+    from growpipe.runtime.bp_stage import BPStage, micro_slices
+
+    cfg = tiny_config(method="bp", threads=1, train={"on_nonfinite": "skip_batch"},
+                      runtime={"bp_schedule": schedule, "micro_batches": 2})  # fmt: skip
+    one_f_one_b = schedule == "1f1b"
+    threads = torch.get_num_threads()
+    try:  # a stage sets torch's threads to runtime.cpus_per_stage
+        stages = [(AsyncBPStage if one_f_one_b else BPStage)(i, cfg) for i in range(2)]
+    finally:
+        torch.set_num_threads(threads)
+    info, _ = stages[0].load_data()
+    for i, (st, spec) in enumerate(zip(stages, plan_blocks(cfg.net, "bp", info), strict=True)):
+        st.setup(spec, info, i == 1, *((2, False) if one_f_one_b else ()))
+    split = stages[0].bundle.train
+    _, spoiled = next(batch_order(len(split), 64, shuffle=True, epoch=1, start_batch=1))
+    split.x[spoiled] = float("nan")  # every sample of batch 1
+
+    def train(b: int):
+        if one_f_one_b:
+            stages[1].forward(1, b, stages[0].forward(1, b))
+            return stages[0].backward(b, stages[1].backward(b, None))
+        shares = [len(part) / 64 for part in micro_slices(64, 2)]
+        for m, share in enumerate(shares):
+            stages[1].forward(1, b, m, share, stages[0].forward(1, b, m, share))
+        for m in reversed(range(len(shares))):
+            stages[0].backward(m, stages[1].backward(m, None))
+        verdict = stages[1].step(b)
+        stages[0].step(b, verdict)
+        return verdict
+
+    def learned() -> list:
+        return [copy.deepcopy(st.state_dict()) for st in stages]
+
+    train(0)
+    before = learned()
+    verdict = train(1)
+    assert all(_same(a["modules"], b["modules"]) and _same(a["optimizers"], b["optimizers"])
+               for a, b in zip(learned(), before, strict=True))  # fmt: skip
+    train(2)
+    stats = [st.epoch_stats() for st in stages]
+    assert [s.skipped for s in stats] == [{"b0": 1}, {"b1": 1}] and [s.batches for s in stats] == [3, 3]
+    assert math.isfinite(stats[1].losses["b1.ce"]) and stats[1].loss_batches == {"b1.ce": 2}
+    assert _all_finite(learned())
+
+    for st in stages:
+        st.block.on_nonfinite = "stop"
+    stop = f"stage 1 (block 1, BPBlock): non-finite loss (ce=nan) at batch 1; {STOP_HINT}"
+    if one_f_one_b:  # the last stage raises; the stages above never get a gradient of the mini-batch
+        with pytest.raises(NonFiniteError, match=re.escape(stop)):
+            train(1)
+    else:  # the last stage returns its verdict to the others and the engine raises it (train.on_nonfinite: stop)
+        assert str(verdict) == stop
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_the_ray_pipeline_stops_at_the_reference_trainers_batch_naming_stage_block_epoch_and_batch():
+    from growpipe.errors import PipelineError
+    from growpipe.runtime.pipeline import Pipeline
+    from tests.conftest import actor_exists
+
+    cfg = tiny_config(name="diverges-on-ray", method="scpl", threads=1, train={"epochs": 2, "lr": 1e8})
+    with pytest.raises(NonFiniteError) as reference:
+        train_local(cfg, progress=None)
+    where = f"stage 1 (block 1, SCPLBlock): non-finite loss (supcon=nan) at epoch 1, batch {reference.value.batch}"
+    with pytest.raises(PipelineError) as ray_run, Pipeline(cfg) as p:
+        p.train(progress=None)
+    assert str(ray_run.value) == f"{where}; {STOP_HINT}"
+    assert not actor_exists("diverges-on-ray/stage0") and not actor_exists("diverges-on-ray/stage1")
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_gpipe_skips_like_single_process_bp_and_stops_once_an_epoch_learns_nothing():
+    from growpipe.api import train
+    from growpipe.errors import PipelineError
+
+    cfg = tiny_config(name="gpipe-skips", method="bp", threads=1, runtime={"micro_batches": 2},
+                      train={"epochs": 2, "lr": 1e20, "on_nonfinite": "skip_batch"})  # fmt: skip
+    runs = {}
+    for runtime in ("local", "ray"):
+        lines: list[str] = []
+        with pytest.raises((NonFiniteError, PipelineError)) as stop:
+            train(cfg, runtime=runtime, progress=lines.append)
+        runs[runtime] = (str(stop.value), [line.split("| ")[-1] for line in lines if line.startswith("epoch")])
+    assert runs["ray"] == runs["local"]
+    message, skipped = runs["ray"]
+    assert skipped == ["skipped batches b0=21 b1=21"]  # epoch 1: only the first mini-batch was finite
+    assert message.startswith("block 0 (22 of 22), block 1 (22 of 22) skipped every batch of the epoch")
+    assert " at epoch 2; lower train.lr" in message

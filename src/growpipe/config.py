@@ -258,7 +258,8 @@ class OptimSpec(_Strict):
     """A non-finite (NaN or infinite) loss or gradient, found before the optimizer step: stop (the run ends
     with exit code 1, naming the block, epoch and batch; the newest checkpoint stays the resume point) or
     skip_batch (that batch's update is skipped, the optimizer state untouched, and counted in
-    skipped_batches; an epoch whose every batch is skipped stops the run all the same)."""
+    skipped_batches; an epoch whose every batch is skipped stops the run all the same). Pipelined BP skips
+    the mini-batch on every stage; data-parallel BP on every worker."""
 
 
 class ALSpec(_Strict):
