@@ -300,6 +300,12 @@ class OptimSpec(_Strict):
     """Adam/AdamW: torch's fused kernel (one pass over each parameter; a 1280-wide MLP block step on one
     CPU thread: 25.4 -> 17.1 ms). false: the per-tensor loop (the figures in bench/RESULTS.md before
     2026-11-22 02:50 were made with it)."""
+    on_nonfinite: Literal["stop", "skip_batch"] = "stop"
+    """A non-finite (NaN or infinite) loss or gradient, found before the optimizer step: stop (the run ends
+    with exit code 1, naming the block, epoch and batch; the newest checkpoint stays the resume point) or
+    skip_batch (that batch's update is skipped, the optimizer state untouched, and counted in
+    skipped_batches; an epoch whose every batch is skipped stops the run all the same). Pipelined BP skips
+    the mini-batch on every stage; data-parallel BP on every worker."""
 
 
 class ALSpec(_Strict):
@@ -346,7 +352,7 @@ class RuleSettings(_Strict):
     seed: int = 0
     """The run's seed: each block draws its weights and dropout masks from its own stream of it."""
     optim: OptimSpec = OptimSpec()
-    """The optimizer every block uses."""
+    """The optimizer every block uses, and what a step does with a non-finite loss (optim.on_nonfinite)."""
     al: ALSpec = ALSpec()
     """AL's code size, bridge and label-side rate."""
     scpl: SCPLSpec = SCPLSpec()

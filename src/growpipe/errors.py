@@ -1,7 +1,10 @@
 """Exceptions with messages that name the problem and the fix.
 
-They take one string argument, so they pickle cleanly across Ray actors.
+They take one string argument, so they pickle cleanly across Ray actors (NonFiniteError, built from parts,
+says how to rebuild itself).
 """
+
+from __future__ import annotations
 
 
 class GrowpipeError(Exception):
@@ -38,6 +41,36 @@ class StageLostError(StageError):
 
 class OutputError(GrowpipeError, RuntimeError):
     """An output could not be written (no space left, a folder gone read-only); what was there is untouched."""
+
+
+class NonFiniteError(StageError):
+    """A training step met a non-finite loss or gradient (train.on_nonfinite: stop), or an epoch skipped every
+    batch (skip_batch). The run ends (exit 1); it is never retried from a checkpoint.
+
+    Built from its parts, each filled in by whoever knows it (`located`): the problem and the fix by the
+    guard (growpipe.nn.guard), the block and batch by the block, the stage by a stage actor, the epoch by
+    the run loop. The message is one line: "WHERE: PROBLEM at epoch E, batch B; HINT".
+    """
+
+    def __init__(self, problem: str, hint: str = "", where: str = "", epoch: int | None = None,
+                 batch: int | None = None):  # fmt: skip
+        self.problem, self.hint, self.where, self.epoch, self.batch = problem, hint, where, epoch, batch
+        super().__init__(self._text())
+
+    def _text(self) -> str:
+        at = ", ".join(f"{k} {v}" for k, v in (("epoch", self.epoch), ("batch", self.batch)) if v is not None)
+        return (f"{self.where}: " if self.where else "") + self.problem + (f" at {at}" if at else "") + (
+            f"; {self.hint}" if self.hint else "")  # fmt: skip
+
+    def located(self, where: str | None = None, epoch: int | None = None, batch: int | None = None) -> NonFiniteError:
+        """The same error with the place filled in: `where` replaces the current one (a stage names its block
+        more fully); epoch and batch are kept when already known."""
+        return NonFiniteError(self.problem, self.hint, where if where is not None else self.where,
+                              self.epoch if self.epoch is not None else epoch,
+                              self.batch if self.batch is not None else batch)  # fmt: skip
+
+    def __reduce__(self) -> tuple[type, tuple]:
+        return (type(self), (self.problem, self.hint, self.where, self.epoch, self.batch))
 
 
 class PipelineError(GrowpipeError, RuntimeError):

@@ -9,9 +9,10 @@ from growpipe.config import RunConfig
 
 def epoch_row(
     epoch: int, cfg: RunConfig, blocks: int, training: int, losses: dict[str, float], ev: dict[str, Any],
-    samples: int, seconds: float,
+    samples: int, seconds: float, skipped: dict[str, int] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """One entry of the run history."""
+    """One entry of the run history (`skipped_batches`: per block `b{i}`, the batches whose update it skipped
+    under train.on_nonfinite: skip_batch)."""
     return {
         "epoch": epoch,
         "of": cfg.total_epochs(),
@@ -24,6 +25,7 @@ def epoch_row(
         "val_accuracy": ev.get("val_accuracy"),
         "samples_per_second": samples / seconds if seconds else 0.0,
         "seconds": seconds,
+        "skipped_batches": dict(sorted((skipped or {}).items())),
     }
 
 
@@ -47,10 +49,20 @@ def summarize(
         "train_seconds": round(train_seconds, 3),
         "samples_per_second": round(samples_seen / train_seconds, 1) if train_seconds else 0.0,
         "seconds_per_epoch": round(train_seconds / max(len(history), 1), 3),
+        "skipped_batches": skipped_total(history),
         "history": history,
         "growth": growth,
         "config": cfg.model_dump(mode="json"),
     }
+
+
+def skipped_total(history: list[dict[str, Any]]) -> dict[str, int]:
+    """Batches each block skipped over the whole run (train.on_nonfinite: skip_batch), by block `b{i}`."""
+    out: dict[str, int] = {}
+    for row in history:
+        for k, n in row.get("skipped_batches", {}).items():
+            out[k] = out.get(k, 0) + n
+    return dict(sorted(out.items()))
 
 
 def format_epoch(row: dict[str, Any]) -> str:
@@ -59,9 +71,11 @@ def format_epoch(row: dict[str, Any]) -> str:
     accs = " ".join(f"@{d}={a:.4f}" for d, a in zip(row["exit_depths"], row["exit_accuracy"], strict=True))
     if row.get("val_accuracy") is not None:
         accs += f" (val {row['val_accuracy']:.4f})"
+    skipped = " ".join(f"{k}={n}" for k, n in row.get("skipped_batches", {}).items())
     return (
         f"epoch {row['epoch']:>3}/{row['of']} | blocks {row['blocks']} (training {row['training']}) | "
         f"loss {losses} | acc {accs} | {row['samples_per_second']:.0f} samples/s | {row['seconds']:.1f}s"
+        + (f" | skipped batches {skipped}" if skipped else "")
     )
 
 

@@ -82,6 +82,7 @@ def epoch_metrics(row: dict[str, Any]) -> dict[str, float]:
         m["val_accuracy"] = row["val_accuracy"]
     m["samples_per_second"] = row["samples_per_second"]
     m["blocks"] = row["blocks"]
+    m.update({f"skipped_batches.{k}": n for k, n in row.get("skipped_batches", {}).items()})
     return m
 
 
@@ -235,8 +236,10 @@ class MlflowTracker(RunCallback):
             return self._drain()
 
     def on_error(self, message: str) -> None:
+        """The run failed: it ends FAILED with the reason as growpipe.end_reason and in error.txt."""
         if self.ended:
             return
+        self.queue.append({"op": "tags", "tags": {"growpipe.end_reason": message[:5000]}})
         self.artifact_text("error.txt", message + "\n")
         self.status = "FAILED"
 

@@ -18,13 +18,13 @@ from typing import Any
 from growpipe import signals
 from growpipe.checkpoint import CheckpointStore, check_input_matches, run_folder_problem
 from growpipe.config import GrowStep, RunConfig, parse_grow_request
-from growpipe.errors import CheckpointError, ConfigError, GrowpipeError, ShapeError
+from growpipe.errors import CheckpointError, ConfigError, GrowpipeError, NonFiniteError, ShapeError
 from growpipe.growth import FrozenWatch, GrowthPlan, growth_event, note_epoch
 from growpipe.loop.callbacks import RunCallback, notify, wants_final_net
 from growpipe.loop.elastic import Topology
 from growpipe.loop.engine import Engine, Prepared, WorkerLost
 from growpipe.loop.orders import GrowOrder, check_input_size
-from growpipe.loop.policies import CheckpointTiming, Raise, decide_failure, grow_refusal
+from growpipe.loop.policies import CheckpointTiming, Raise, decide_failure, grow_refusal, learned_nothing
 from growpipe.loop.states import Caching, Errored, Finished, Growing, Restoring, Starting, State, Training
 from growpipe.loop.stats import StageStats, merge_by_stage
 from growpipe.nn.net import GrowableNet, plan_blocks, plan_growth_block
@@ -32,6 +32,8 @@ from growpipe.nn.specs import BlockSpec, InputInfo
 from growpipe.report import epoch_row, summarize
 
 Say = Callable[[str], None]
+
+SKIP_HINT = "lower train.lr (train.on_nonfinite=skip_batch still stops a run once an epoch learns nothing)"
 
 
 @dataclass
@@ -149,6 +151,8 @@ class RunLoop:
         if self.stop_reason is not None:  # its workers went away because the run was stopped
             self.error, self.failure = f"stopped: {self.stop_reason}", e
             return Errored(self.error)
+        if isinstance(e, NonFiniteError) and isinstance(self.state, Training):  # the block knew the batch
+            e = e.located(epoch=self.state.epoch)
         what = describe(e)
         latest = self.store.latest() if self.store else None
         lost = isinstance(e, WorkerLost) and not isinstance(self.state, Starting)  # a fresh start has no restore point
@@ -297,9 +301,13 @@ class RunLoop:
     # ---- epochs ---------------------------------------------------------------------------------------
     def _end_epoch(self, epoch: int, parts: list[StageStats], samples: int, seconds: float) -> None:
         stats = merge_by_stage(parts)
+        if idle := learned_nothing(stats):  # before the epoch's row and any checkpoint after it
+            raise NonFiniteError(idle, SKIP_HINT, epoch=epoch)
         losses: dict[str, float] = {}
+        skipped: dict[str, int] = {}
         for s in stats:
             losses.update(s.losses)
+            skipped.update(s.skipped)
             s.wall_s, s.events = seconds, []
             self.totals[s.stage] = self.totals[s.stage].merge(s) if s.stage in self.totals else s
         self.train_seconds += seconds
@@ -307,7 +315,7 @@ class RunLoop:
         self._epoch_open = False  # no progress bar from here: the epoch's line comes next
         ev = self.last_eval = self.engine.evaluate()
         depth = len(self.specs)
-        row = epoch_row(epoch, self.cfg, depth, depth - len(self.frozen), losses, ev, samples, seconds)
+        row = epoch_row(epoch, self.cfg, depth, depth - len(self.frozen), losses, ev, samples, seconds, skipped)
         self.history.append(row)
         note_epoch(self.growth, row)
         notify(self.callbacks, "after_epoch", row, say=self.say)

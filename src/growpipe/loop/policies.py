@@ -1,6 +1,8 @@
 """Decisions the run loop takes, as small functions of the run's state (tested without Ray).
 
-- failure: a lost worker -> Retry from a checkpoint, or Raise with the reason;
+- failure: a lost worker -> Retry from a checkpoint, or Raise with the reason (a block's own failure, e.g. a
+  non-finite loss, always raises);
+- skipped batches: a block that skipped every batch of an epoch ends the run;
 - checkpoints: which epoch ends and batches get a restore point;
 - grow requests: whether one more block fits under grow.max_blocks;
 - no capacity for a new block: pack it into an existing worker, or fail.
@@ -13,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from growpipe.config import CheckpointSpec
+from growpipe.loop.stats import StageStats
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,17 @@ def decide_failure(what: str, lost: bool, restarts: int, limit: int, latest: str
     if restarts >= limit:
         return Raise(f"{what}; giving up after {restarts} restart(s) (runtime.max_stage_restarts)")
     return Retry(latest, restarts + 1)
+
+
+def learned_nothing(stats: list[StageStats]) -> str | None:
+    """Why an epoch ends the run although train.on_nonfinite is skip_batch: a block skipped every batch its
+    stage trained (None: every block learned from some batch)."""
+    blocks = [(int(k.removeprefix("b")), n, s.batches) for s in stats for k, n in s.skipped.items()]
+    idle = sorted((i, n) for i, n, batches in blocks if batches and n >= batches)
+    if not idle:
+        return None
+    which = ", ".join(f"block {i} ({n} of {n})" for i, n in idle)
+    return f"{which} skipped every batch of the epoch (a non-finite loss or gradient each time)"
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from growpipe.nn.guard import SKIPPED
+
 
 @dataclass
 class StageStats:
-    """Samples, busy/idle seconds, hops and losses of one stage (losses keyed `b{block}.{name}`)."""
+    """Samples, busy/idle seconds, hops, losses (keyed `b{block}.{name}`) and skipped batches (keyed
+    `b{block}`) of one stage."""
 
     stage: int
     block: str = "?"
@@ -33,12 +36,18 @@ class StageStats:
     max_inflight: int = 0
     loss_sums: dict[str, float] = field(default_factory=dict)
     loss_batches: dict[str, int] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)
+    """Batches whose update a block skipped (train.on_nonfinite: skip_batch), by block (`b{block}`)."""
     events: list[dict[str, Any]] = field(default_factory=list)
     """Chrome-trace events, when the stage was recording."""
 
     def add_losses(self, metrics: dict[str, float]) -> None:
-        """Count one batch's losses."""
+        """Count one batch's losses (and the blocks that skipped it)."""
         for k, v in metrics.items():
+            block, _, name = k.rpartition(".")
+            if name == SKIPPED:
+                self.skipped[block] = self.skipped.get(block, 0) + int(v)
+                continue
             self.loss_sums[k] = self.loss_sums.get(k, 0.0) + v
             self.loss_batches[k] = self.loss_batches.get(k, 0) + 1
 
@@ -54,6 +63,9 @@ class StageStats:
         for k, v in other.loss_sums.items():
             sums[k] = sums.get(k, 0.0) + v
             counts[k] = counts.get(k, 0) + other.loss_batches[k]
+        skipped = dict(self.skipped)
+        for k, n in other.skipped.items():
+            skipped[k] = skipped.get(k, 0) + n
         return replace(
             self,
             block=other.block if other.block != "?" else self.block,
@@ -69,6 +81,7 @@ class StageStats:
             max_inflight=max(self.max_inflight, other.max_inflight),
             loss_sums=sums,
             loss_batches=counts,
+            skipped=skipped,
             events=self.events + other.events,
         )
 

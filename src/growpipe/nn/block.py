@@ -1,7 +1,8 @@
 """The Block: one trainable unit of a growable net, with the same small surface for every learning rule.
 
-- `train_step(packet) -> (packet, metrics)`: forward on the detached input, local loss, backward, optimizer
-  step; a frozen block only forwards. The returned packet is detached.
+- `train_step(packet) -> (packet, metrics)`: forward on the detached input, local loss, then `learn`:
+  backward and optimizer step through the divergence guard (growpipe.nn.guard); a frozen block only
+  forwards. The returned packet is detached.
 - `forward(packet) -> packet`: the same without learning.
 - `exit(out_packet) -> logits or code or None`: the prediction this depth can make from its own output.
   For rules whose exits live in a label-code space (AL), `exit_decodes` is True and the code is turned
@@ -20,7 +21,9 @@ import torch
 from torch import nn
 
 from growpipe.config import OptimSpec, RuleSettings
+from growpipe.errors import NonFiniteError
 from growpipe.nn.backbones import build_encoder, dummy_input, dummy_side, output_shape
+from growpipe.nn.guard import guarded_update
 from growpipe.nn.macs import count_macs
 from growpipe.nn.packet import Packet
 from growpipe.nn.specs import BlockSpec, InputInfo
@@ -68,6 +71,7 @@ class Block:
         self.spec = spec
         self.info = info
         self.seed = rule.seed
+        self.on_nonfinite = rule.optim.on_nonfinite
         self.steps = 0
         self.index = spec.index
         self.modules = nn.ModuleDict({"f": build_encoder(spec.encoder, info)})
@@ -88,6 +92,11 @@ class Block:
     def in_shape(self) -> tuple[int, ...]:
         return self.spec.encoder.in_shape
 
+    @property
+    def name(self) -> str:
+        """How messages name this block, e.g. "block 1 (SCPLBlock)"."""
+        return f"block {self.index} ({type(self).__name__})"
+
     # ---- the interface ------------------------------------------------------------------------------
     def encode(self, p: Packet) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
         """Run the encoder f on a packet: (features, mask, the side tensors for the next block: the packet's
@@ -103,13 +112,21 @@ class Block:
             return self.forward(p), {}
         self.modules.train()
         with seeded(block_seed(self.seed, self.index, self.steps)):
-            out, metrics = self.local_step(p)
+            try:
+                out, metrics = self.local_step(p)
+            except NonFiniteError as e:
+                raise e.located(where=self.name, batch=p.index) from None
         self.steps += 1
         return out, metrics
 
     def local_step(self, p: Packet) -> tuple[Packet, dict[str, float]]:
-        """The rule's forward, loss, backward and optimizer step (modules are in train mode)."""
+        """The rule's forward and losses, then `learn` (modules are in train mode)."""
         raise NotImplementedError
+
+    def learn(self, losses: dict[str, torch.Tensor]) -> dict[str, float]:
+        """Backward the sum of `losses` and step every optimizer of the block, through the divergence guard:
+        the losses as floats, or {"skipped": 1.0} (train.on_nonfinite: skip_batch); NonFiniteError (stop)."""
+        return guarded_update(losses, list(self.optimizers.values()), self.on_nonfinite)
 
     @torch.no_grad()
     def forward(self, p: Packet) -> Packet:

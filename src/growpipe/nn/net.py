@@ -10,6 +10,7 @@ from growpipe.config import GrowStep, NetSpec, RuleSettings
 from growpipe.errors import ShapeError
 from growpipe.nn.backbones import FEATURE_FAMILIES, growth_encoder, output_shape, plan_encoders
 from growpipe.nn.block import Block
+from growpipe.nn.guard import SKIPPED
 from growpipe.nn.methods import RULES, build_block
 from growpipe.nn.methods.bp import train_chain
 from growpipe.nn.packet import Packet
@@ -127,6 +128,8 @@ class GrowableNet:
         p = p.to(self.device)
         if self.rule.end_to_end:
             _, m = train_chain(self.blocks, p)  # type: ignore[arg-type]
+            if SKIPPED in m:  # the chain's one update was skipped: every trainable block skipped it
+                return {f"b{b.index}.{SKIPPED}": 1.0 for b in self.blocks if not b.frozen}
             return {f"b{self.blocks[-1].index}.{k}": v for k, v in m.items()}
         metrics: dict[str, float] = {}
         for b in self.blocks:

@@ -13,6 +13,10 @@ the backward of a micro-batch, stage i applies K-i-1 other updates, so its weigh
 
 Each stage reports the staleness: the distance between the weights a micro-batch used and the live
 weights its gradient is applied to.
+
+The divergence guard: the last stage checks the mini-batch's loss and its own gradients before its step; a
+non-finite one raises NonFiniteError (train.on_nonfinite: stop; the stages above never get a gradient of
+that mini-batch, so none steps on it) or hands no gradient upstream (skip_batch: every stage skips it).
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ from torch import nn
 from torch.func import functional_call
 
 from growpipe.config import RunConfig
-from growpipe.errors import ConfigError, StageError
+from growpipe.errors import ConfigError, NonFiniteError, StageError
+from growpipe.nn.guard import STOP_HINT, grads_finite, nonfinite_problem
 from growpipe.nn.packet import Packet
 from growpipe.runtime.bp_stage import BPStage, busy
 
@@ -114,27 +119,43 @@ class AsyncBPStage(BPStage):
     def backward(self, batch: int, grad: torch.Tensor | None) -> torch.Tensor | None:  # type: ignore[override]
         block = self._require_block()
         saved = self.saved.pop(batch)
-        self.batches += 1
         self.stats.batches += 1
         if saved is None:  # frozen
             return None
         x_in, result, weights = saved
         if self.last:
             result.backward()
-            self.loss_sum += float(result.detach())
+            loss = float(result.detach())
+        elif grad is None:  # the last stage skipped this mini-batch (train.on_nonfinite: skip_batch)
+            return self._skip(block)
         else:
             result.backward(grad.to(self.device))
         live = dict(block.modules.named_parameters())
-        dist = sum(float((weights[n].detach() - p.detach()).square().sum()) for n, p in live.items())
-        self.stale_sum += math.sqrt(dist)
-        self.stale_n += 1
         for n, p in live.items():
             p.grad = weights[n].grad
         opt = block.optimizers["all"]
+        if self.last:
+            problem = nonfinite_problem({"ce": loss}) or nonfinite_problem({"ce": loss}, grads_finite([opt]))
+            if problem is not None:
+                opt.zero_grad(set_to_none=True)
+                if block.on_nonfinite == "stop":
+                    raise NonFiniteError(problem, STOP_HINT, self.name(), batch=batch)
+                return self._skip(block)
+            self.loss_sum += loss
+            self.loss_batches += 1
+        dist = sum(float((weights[n].detach() - p.detach()).square().sum()) for n, p in live.items())
+        self.stale_sum += math.sqrt(dist)
+        self.stale_n += 1
         opt.step()
         opt.zero_grad(set_to_none=True)
         block.steps += 1
         return None if x_in is None or x_in.grad is None else x_in.grad.detach().cpu()
+
+    def _skip(self, block: Any) -> None:
+        """Count a skipped mini-batch; no gradient goes upstream, so the stages above skip it too."""
+        key = f"b{block.index}"
+        self.stats.skipped[key] = self.stats.skipped.get(key, 0) + 1
+        return None
 
     def staleness(self) -> float:
         """Mean distance between the weights micro-batches used and the live weights they updated."""

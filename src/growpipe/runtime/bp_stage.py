@@ -2,9 +2,11 @@
 autograd graph until that micro-batch's backward, which sends the gradient of the block's input upstream.
 
 The engine submits, per mini-batch, every micro-batch's forward, then the backwards in reverse order, then
-one optimizer step; Ray runs an actor's calls in the order they were submitted and passes outputs between
-actors as ObjectRefs, so stage i works on micro-batch m+1 while stage i+1 works on m. A frozen block (the
-net grew on top of it) only forwards, as in single-process BP.
+one optimizer step, which the last stage decides first (the divergence guard: a non-finite loss or gradient
+skips the mini-batch on every stage) and hands its verdict to the others. Ray runs an actor's calls in the
+order they were submitted and passes outputs between actors as ObjectRefs, so stage i works on micro-batch
+m+1 while stage i+1 works on m. A frozen block (the net grew on top of it) only forwards, as in
+single-process BP.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ import torch.nn.functional as F
 
 from growpipe.config import RunConfig
 from growpipe.data.bundle import batch_order
-from growpipe.errors import StageError
+from growpipe.errors import NonFiniteError, StageError
 from growpipe.loop.stats import StageStats
+from growpipe.nn.guard import STOP_HINT, grads_finite, nonfinite_problem
 from growpipe.nn.methods.bp import BPBlock
 from growpipe.nn.packet import Packet
 from growpipe.nn.specs import BlockSpec, InputInfo
@@ -57,8 +60,9 @@ class BPStage(StageBase):
         super().__init__(index, cfg)
         self.last = False
         self.saved: dict[int, Any] = {}
-        self.loss_sum = 0.0
-        self.batches = 0
+        self.batch_loss = 0.0  # the last stage: the running mini-batch's loss so far (its micro-batches' shares)
+        self.loss_sum = 0.0  # ... and of the mini-batches it stepped on since epoch_stats
+        self.loss_batches = 0
         self.stats = StageStats(index)
 
     def setup(self, spec: BlockSpec, info: InputInfo, last: bool) -> str:
@@ -104,7 +108,7 @@ class BPStage(StageBase):
             logits = block.modules["cls"](block.features(out.x, out.mask))
             loss = F.cross_entropy(logits, out.y) * share  # shares sum to 1: the mini-batch's mean loss
             loss.backward()
-            self.loss_sum += float(loss.detach())
+            self.batch_loss += float(loss.detach())
         else:
             out.x.backward(grad.to(self.device))
         if x_in is None or x_in.grad is None:
@@ -112,29 +116,54 @@ class BPStage(StageBase):
         return x_in.grad.detach().cpu()
 
     @busy
-    def step(self) -> float | None:
-        """One optimizer step with the accumulated gradients; the last stage returns the mini-batch's loss."""
+    def step(self, batch: int, verdict: NonFiniteError | None = None) -> NonFiniteError | None:
+        """One optimizer step with the gradients accumulated over mini-batch `batch`, unless it is skipped.
+
+        The last stage decides: its mini-batch loss or its gradients non-finite -> the NonFiniteError it
+        returns (the engine raises it under train.on_nonfinite: stop); the others get that `verdict`. A
+        skipped mini-batch drops every stage's gradients and leaves its weights and optimizer state as they
+        were (counted in the stage's skipped batches)."""
         block = self._require_block()
         if self.saved:
             raise StageError(f"stage {self.index}: {len(self.saved)} micro-batch(es) had no backward before step")
-        self.batches += 1
         self.stats.batches += 1
         if block.frozen:
             return None
         opt = block.optimizers["all"]
-        opt.step()
+        if self.last:
+            verdict = self._verdict(batch, opt)
+            if verdict is None:
+                self.loss_sum += self.batch_loss
+                self.loss_batches += 1
+            self.batch_loss = 0.0
+        if verdict is None:
+            opt.step()
+        else:
+            key = f"b{block.index}"
+            self.stats.skipped[key] = self.stats.skipped.get(key, 0) + 1
         opt.zero_grad(set_to_none=True)
         block.steps += 1
-        return self.loss_sum if self.last else None
+        return verdict
+
+    def _verdict(self, batch: int, opt: torch.optim.Optimizer) -> NonFiniteError | None:
+        """The last stage: whether the mini-batch's loss and this stage's gradients are finite."""
+        loss = {"ce": self.batch_loss}
+        problem = nonfinite_problem(loss) or nonfinite_problem(loss, grads_finite([opt]))
+        return None if problem is None else NonFiniteError(problem, STOP_HINT, self.name(), batch=batch)
+
+    def name(self) -> str:
+        """How messages name this stage, e.g. "stage 1 (block 1, BPBlock)"."""
+        block = self._require_block()
+        return f"stage {self.index} (block {block.index}, {type(block).__name__})"
 
     def epoch_stats(self) -> StageStats:
-        """This stage's statistics since the last call (the last stage's mean training loss among them),
-        reset for the next."""
+        """This stage's statistics since the last call (the last stage's mean training loss over the
+        mini-batches it stepped on among them), reset for the next."""
         stats, self.stats = self.stats, StageStats(self.index, self.stats.block)
-        if self.last and self.batches:
+        if self.last and self.loss_batches:
             stats.loss_sums = {f"b{self._require_block().index}.ce": self.loss_sum}
-            stats.loss_batches = {f"b{self._require_block().index}.ce": self.batches}
-        self.loss_sum, self.batches = 0.0, 0
+            stats.loss_batches = {f"b{self._require_block().index}.ce": self.loss_batches}
+        self.loss_sum, self.loss_batches = 0.0, 0
         return stats
 
     def _micro_batch(self, epoch: int, batch: int, micro: int) -> Packet:

@@ -3,6 +3,10 @@ pipelines are measured against. The same blocks as one network, replicated on `r
 Train workers (TorchTrainer; DDP over gloo on CPUs, NCCL on GPUs); each global mini-batch of
 data.batch_size is split evenly across the workers and DDP averages their gradients.
 
+Every step goes through the divergence guard (growpipe.nn.guard), which judges the gradients DDP averaged
+(the same on every worker; a worker's own loss may differ), so the workers skip (or stop on) the same
+mini-batches and stay replicas.
+
 The loop drives the workers through one command queue each (ray.util.queue): open the data, build, train
 an epoch (or up to a batch), grow, evaluate, save, restore, stop. TorchTrainer.fit() runs in a thread of
 the engine's process for as long as the run lasts; rank 0 answers for the replicas.
@@ -21,9 +25,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from growpipe.config import RunConfig, build_config
-from growpipe.errors import PipelineError
+from growpipe.errors import NonFiniteError, PipelineError
 from growpipe.loop.engine import EpochPart, Poll, Prepared, WorkerLost
 from growpipe.loop.stats import StageStats
+from growpipe.nn.guard import SKIPPED, guarded_update
 from growpipe.nn.net import GrowableNet
 from growpipe.nn.specs import BlockSpec, InputInfo
 
@@ -103,7 +108,8 @@ class Replica:
             if b.frozen:
                 b.modules.eval()
         trainable = [b for b in self.blocks if not b.frozen]
-        loss_sum, batches, samples, t0, paused_at = 0.0, 0, 0, time.perf_counter(), None
+        last = self.blocks[-1]
+        loss_sum, batches, skipped, samples, t0, paused_at = 0.0, 0, 0, 0, time.perf_counter(), None
         for index, idx in batch_order(len(split), bs, shuffle=True, seed=self.cfg.seed, epoch=epoch,
                                       start_batch=start):  # fmt: skip
             if stop_at is not None and index >= stop_at:
@@ -112,18 +118,24 @@ class Replica:
             mine = idx[self.rank :: self.world]  # this worker's shard of the global mini-batch
             x, y = split.batch(mine, epoch)
             loss = F.cross_entropy(self.model(x.to(device), None, {}), y.to(device))
+            try:  # the backward inside: DDP averages the gradients of all workers there
+                optimizers = [b.optimizers["all"] for b in trainable]
+                metrics = guarded_update({"ce": loss}, optimizers, last.on_nonfinite, replicated=True)
+            except NonFiniteError as e:
+                raise e.located(
+                    f"DDP worker {self.rank} (block {last.index}, {type(last).__name__})", batch=index
+                ) from None
             for b in trainable:
-                b.optimizers["all"].zero_grad(set_to_none=True)
-            loss.backward()  # DDP averages the gradients of all workers here
-            for b in trainable:
-                b.optimizers["all"].step()
                 b.steps += 1
-            loss_sum += float(loss.detach())
+            if SKIPPED in metrics:
+                skipped += 1
+            else:
+                loss_sum += metrics["ce"]
             batches += 1
             samples += len(idx)
-        key = f"b{self.blocks[-1].index}.ce"
-        return {"loss": {key: loss_sum}, "batches": batches, "samples": samples, "busy_s": time.perf_counter() - t0,
-                "paused_at": paused_at}  # fmt: skip
+        return {"loss": {f"b{last.index}.ce": loss_sum}, "loss_batches": batches - skipped, "batches": batches,
+                "skipped": {f"b{b.index}": skipped for b in trainable} if skipped else {}, "samples": samples,
+                "busy_s": time.perf_counter() - t0, "paused_at": paused_at}  # fmt: skip
 
     def net(self) -> GrowableNet:
         assert self.info is not None
@@ -180,6 +192,8 @@ def _worker_loop(config: dict[str, Any]) -> None:
             return
         try:
             replies.put((rank, "ok", getattr(replica, op)(*args)))
+        except NonFiniteError as e:  # the error itself: the loop adds the epoch to it
+            replies.put((rank, "error", e))
         except Exception as e:  # reported to the engine, which fails the run with it
             replies.put((rank, "error", f"DDP worker {rank}: {type(e).__name__}: {e}"))
 
@@ -254,7 +268,7 @@ class DDPEngine:
             except Exception as e:  # the queue actor itself is gone
                 raise WorkerLost(f"the DDP command queue is gone ({type(e).__name__})") from None
             if status == "error":
-                raise PipelineError(payload)
+                raise payload if isinstance(payload, NonFiniteError) else PipelineError(payload)
             answers[rank] = payload
         return answers[0]
 
@@ -266,8 +280,10 @@ class DDPEngine:
 
     def run_epoch(self, epoch: int, start_batch: int, stop_at: int | None, poll: Poll) -> EpochPart:
         r = self._ask("epoch", epoch, start_batch, stop_at)
+        counted = r["loss_batches"]  # the batches not skipped
         stats = StageStats(0, "DDP", samples=r["samples"], batches=r["batches"], busy_s=r["busy_s"],
-                           loss_sums=r["loss"], loss_batches={k: r["batches"] for k in r["loss"]})  # fmt: skip
+                           skipped=r["skipped"], loss_sums=r["loss"] if counted else {},
+                           loss_batches={k: counted for k in r["loss"]} if counted else {})  # fmt: skip
         return EpochPart([stats], r["samples"], r["paused_at"])
 
     def prepare_block(self, spec: BlockSpec) -> Prepared:

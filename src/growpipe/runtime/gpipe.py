@@ -87,7 +87,11 @@ class BPPipelineEngine(StageEngine):
         self._position = (start_batch, total)
         if self.one_f_one_b and end > start_batch:
             refs = submit_epoch([s.handle for s in self.slots], epoch, start_batch, end - start_batch)
-            self._wait_long(refs[-1])
+            try:
+                self._wait_long(refs[-1])
+            except Exception:  # the error of the earliest mini-batch that failed, not of the last one
+                self._get_all(refs, "a 1F1B epoch")
+                raise
             self._get_all(refs, "a 1F1B epoch")  # all done: surfaces an error of any of them
             self._position = (end, total)
             paused_at = None if end >= total else end
@@ -119,16 +123,24 @@ class BPPipelineEngine(StageEngine):
                 grad = stages[-1].backward.remote(m, None)
                 for st in reversed(stages[:-1]):
                     grad = st.backward.remote(m, grad)
-            pending.append([st.step.remote() for st in stages])
+            verdict = stages[-1].step.remote(b)  # the last stage decides whether every stage steps
+            pending.append([verdict, *(st.step.remote(b, verdict) for st in stages[:-1])])
             if len(pending) > BATCHES_AHEAD:
-                self._get_all(pending.popleft(), "an optimizer step")
+                self._settle(pending.popleft())
             self._position = (b, total)
         while pending:
-            self._get_all(pending.popleft(), "an optimizer step")
+            self._settle(pending.popleft())
         if paused_at is None and end < total:
             paused_at = end
         self._position = (paused_at if paused_at is not None else total, total)
         return paused_at
+
+    def _settle(self, steps: list[Any]) -> None:
+        """Wait for a mini-batch's optimizer steps; a non-finite one ends the run under train.on_nonfinite: stop
+        (no stage stepped on it; under skip_batch the stages counted it)."""
+        verdict = self._get_all(steps, "an optimizer step")[0]
+        if verdict is not None and self.cfg.train.on_nonfinite == "stop":
+            raise verdict
 
     def position(self) -> tuple[int, int] | None:
         return self._position

@@ -23,7 +23,7 @@ import ray
 from growpipe import envvars
 from growpipe.config import RunConfig
 from growpipe.data import iterate_batches
-from growpipe.errors import StageError, StageLostError
+from growpipe.errors import NonFiniteError, StageError, StageLostError
 from growpipe.loop.stats import StageStats
 from growpipe.nn.block import Block
 from growpipe.nn.packet import Packet
@@ -177,16 +177,20 @@ class Stage(StageBase):
         block = self._require_block()
         self.packets_seen += 1
         t0 = time.time()
+        current = block  # the block training now (its own, or one packed after it)
         try:
             if self.packets_seen == self.fault_step:
                 raise RuntimeError(f"injected failure ({envvars.GROWPIPE_FAULT_AT})")
             out, metrics = block.train_step(p)
             metrics = {f"b{block.index}.{k}": v for k, v in metrics.items()}
             for extra in self.packed:  # blocks packed into this actor train on its output, in order
+                current = extra
                 out, more = extra.train_step(out)
                 metrics.update({f"b{extra.index}.{k}": v for k, v in more.items()})
             if self.delay_s:
                 time.sleep(self.delay_s)
+        except NonFiniteError as e:  # the block knew the batch, the loop adds the epoch
+            raise e.located(where=f"stage {self.index} (block {current.index}, {type(current).__name__})") from None
         except Exception as e:  # any failure of the block, reported with the stage that hit it
             raise StageError(
                 f"stage {self.index} (block {block.index}, {type(block).__name__}) failed: {type(e).__name__}: {e}"

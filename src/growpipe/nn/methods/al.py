@@ -87,13 +87,9 @@ class ALBlock(Block):
         t = m["g"](t_prev)
         assoc = association_loss(m["b"](self.features(s, mask)), t, self.reduction)
         ae = autoencoder_loss(m["h"](t), t_prev, p.y, self.first, self.reduction)
-        for opt in self.optimizers.values():
-            opt.zero_grad(set_to_none=True)
-        (assoc + ae).backward()  # disjoint parameter sets: f+b get only assoc, g+h only ae
-        for opt in self.optimizers.values():
-            opt.step()
+        metrics = self.learn({"assoc": assoc, "ae": ae})  # disjoint parameter sets: f+b get only assoc, g+h only ae
         out = Packet(x=s.detach(), y=p.y, t=t.detach(), mask=mask, side=side, index=p.index)
-        return out, {"assoc": assoc.item(), "ae": ae.item()}
+        return out, metrics
 
     def _forward_code(self, p: Packet) -> torch.Tensor | None:
         if p.y is None or (not self.first and p.t is None):

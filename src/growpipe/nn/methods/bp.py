@@ -10,7 +10,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from growpipe.config import RuleSettings
+from growpipe.errors import NonFiniteError
 from growpipe.nn.block import Block, block_seed, make_optimizer, seeded
+from growpipe.nn.guard import guarded_update
 from growpipe.nn.packet import Packet
 from growpipe.nn.specs import BlockSpec, InputInfo
 
@@ -37,7 +39,8 @@ class BPBlock(Block):
 
 def train_chain(blocks: list[BPBlock], p: Packet) -> tuple[Packet, dict[str, float]]:
     """One end-to-end step: frozen blocks forward without grad, the rest with; cross-entropy at the last
-    block's classifier; one backward; every trainable block steps its optimizer."""
+    block's classifier; one backward; every trainable block steps its optimizer (through the divergence
+    guard: a non-finite loss or gradient skips every block's step, or stops, naming the last block)."""
     last = blocks[-1]
     if last.frozen or "cls" not in last.modules:
         raise ValueError(
@@ -50,10 +53,10 @@ def train_chain(blocks: list[BPBlock], p: Packet) -> tuple[Packet, dict[str, flo
             p = b.forward(p) if b.frozen else b.forward_with_grad(p)
         logits = last.modules["cls"](last.features(p.x, p.mask))
         loss = F.cross_entropy(logits, p.y)
+        try:
+            metrics = guarded_update({"ce": loss}, [b.optimizers["all"] for b in trainable], last.on_nonfinite)
+        except NonFiniteError as e:
+            raise e.located(where=last.name, batch=p.index) from None
         for b in trainable:
-            b.optimizers["all"].zero_grad(set_to_none=True)
-        loss.backward()
-        for b in trainable:
-            b.optimizers["all"].step()
             b.steps += 1
-    return p.detached(), {"ce": loss.item()}
+    return p.detached(), metrics

@@ -65,13 +65,8 @@ class SCPLBlock(Block):
         feats = self.features(s, mask)
         z = F.normalize(self.modules["proj"](feats), dim=1)
         contrast = supcon_loss(z, p.y, self.temperature)
-        loss, metrics = contrast, {"supcon": contrast.item()}
+        losses = {"supcon": contrast}
         if "cls" in self.modules:
-            ce = F.cross_entropy(self.modules["cls"](feats.detach()), p.y)
-            loss = loss + ce
-            metrics["ce"] = ce.item()
-        opt = self.optimizers["all"]
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+            losses["ce"] = F.cross_entropy(self.modules["cls"](feats.detach()), p.y)
+        metrics = self.learn(losses)
         return Packet(x=s.detach(), y=p.y, mask=mask, side=side, index=p.index), metrics
