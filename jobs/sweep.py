@@ -15,4 +15,4 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # the uplo
 from growpipe.cli import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main(["sweep", *sys.argv[1:]]))
+    sys.exit(main(["sweep", *sys.argv[1:]], exits=True))

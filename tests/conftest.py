@@ -97,6 +97,16 @@ def digits_on_disk(tmp_path_factory) -> str:
     return f"parquet:{root}"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _runs_outside_the_checkout(tmp_path_factory):
+    """A run's relative paths (runs/checkpoints, runs/mlflow.db) in every test go to a temporary folder, not
+    into this checkout (tests that are about GROWPIPE_WORKDIR set their own)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("GROWPIPE_WORKDIR", str(tmp_path_factory.mktemp("workdir")))
+    yield
+    mp.undo()
+
+
 @pytest.fixture(scope="session")
 def _mlflow_template(tmp_path_factory) -> Path:
     """An empty MLflow sqlite store, its tables created once per session (seconds of schema migrations)."""

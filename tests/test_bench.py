@@ -161,3 +161,11 @@ def test_data_benchmark_tiny_measures_every_format_with_and_without_augmentation
     streamed = {row["format"] for row in r["rows"] if row["streamed"]}
     assert streamed == {"image folder (PNG)", "HF Arrow (Image column)"}
     assert all(row["reader_samples_per_second"] > 0 and 0 < row["busy"] <= 1 for row in r["rows"])
+
+
+def test_guard_benchmark_quick_times_both_variants(tmp_path: Path):
+    out = tmp_path / "guard.json"
+    assert _bench_module("guard").main(["--quick", "--steps", "3", "--json-out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["method"] for r in rows] == ["al", "bp"]
+    assert all(r["guard_ms"] > 0 and r["losses_only_ms"] > 0 and r["ratio"] > 0 for r in rows)

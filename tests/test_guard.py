@@ -122,11 +122,11 @@ def test_the_error_travels_in_one_line_and_an_epoch_that_skipped_everything_is_n
     a.add_losses({"b0.ce": 1.0, f"b1.{SKIPPED}": 1.0})
     b.add_losses({f"b2.{SKIPPED}": 1.0})
     assert a.losses == {"b0.ce": 1.0} and a.skipped == {"b1": 1}
-    more = StageStats(1, batches=3, skipped={"b2": 7})
+    idle = StageStats(1, batches=3, skipped={"b2": 3})
     assert learned_nothing([a, b]) is None  # each block learned from some batch
-    stats = merge_by_stage([a, b, more])
-    assert stats[1].skipped == {"b2": 8} and stats[1].batches == 8
-    assert learned_nothing(stats) == "block 2 (8 of 8) skipped every batch of the epoch (a non-finite loss or " \
+    assert merge_by_stage([a, b, idle])[1].skipped == {"b2": 4} and merge_by_stage([a, b, idle])[1].batches == 8
+    assert learned_nothing(merge_by_stage([a, b, idle])) is None  # block 2 learned from 4 of the 8
+    assert learned_nothing([a, idle]) == "block 2 (3 of 3) skipped every batch of the epoch (a non-finite loss or " \
         "gradient each time)"  # fmt: skip
 
 
@@ -202,7 +202,7 @@ def test_pipelined_bp_skips_a_non_finite_mini_batch_on_every_stage_or_stops_on_i
     _, spoiled = next(batch_order(len(split), 64, shuffle=True, epoch=1, start_batch=1))
     split.x[spoiled] = float("nan")  # every sample of batch 1
 
-    def train(b: int):
+    def train(b: int, spoil_first_stage: bool = False):
         if one_f_one_b:
             stages[1].forward(1, b, stages[0].forward(1, b))
             return stages[0].backward(b, stages[1].backward(b, None))
@@ -211,9 +211,11 @@ def test_pipelined_bp_skips_a_non_finite_mini_batch_on_every_stage_or_stops_on_i
             stages[1].forward(1, b, m, share, stages[0].forward(1, b, m, share))
         for m in reversed(range(len(shares))):
             stages[0].backward(m, stages[1].backward(m, None))
-        verdict = stages[1].step(b)
-        stages[0].step(b, verdict)
-        return verdict
+        if spoil_first_stage:  # a finite loss, but block 0's gradients are not
+            next(stages[0].block.parameters()).grad.view(-1)[0] = float("inf")
+        verdicts = [stages[1].verdict(b), stages[0].verdict(b)]
+        assert [st.step(b, *verdicts) for st in stages] == [verdicts[0] or verdicts[1]] * 2
+        return verdicts[0] or verdicts[1]
 
     def learned() -> list:
         return [copy.deepcopy(st.state_dict()) for st in stages]
@@ -235,8 +237,12 @@ def test_pipelined_bp_skips_a_non_finite_mini_batch_on_every_stage_or_stops_on_i
     if one_f_one_b:  # the last stage raises; the stages above never get a gradient of the mini-batch
         with pytest.raises(NonFiniteError, match=re.escape(stop)):
             train(1)
-    else:  # the last stage returns its verdict to the others and the engine raises it (train.on_nonfinite: stop)
+    else:  # every stage gets every stage's verdict; the engine raises the first (train.on_nonfinite: stop)
         assert str(verdict) == stop
+        before = learned()
+        gradient = train(3, spoil_first_stage=True)  # no stage steps when any stage's gradients are not finite
+        assert str(gradient) == f"stage 0 (block 0, BPBlock): non-finite gradient at batch 3; {STOP_HINT}"
+        assert all(_same(a["modules"], b["modules"]) for a, b in zip(learned(), before, strict=True))
 
 
 @pytest.mark.usefixtures("ray_session")

@@ -66,9 +66,13 @@ def test_no_output_flag_touches_a_file_or_folder_growpipe_did_not_write(tmp_path
         err = _refused(capsys, _train(tmp_path, *flags))
         assert needle in err, (flags, err)
         assert len(err.strip().splitlines()) == 2, err  # the count, then the one problem
-    # all at once, each on its line
+    # all at once, each on its line; two outputs on one path
     err = _refused(capsys, _train(tmp_path, "--save", str(files["data"]), "--json-out", str(files["json"])))
     assert "2 problem(s)" in err
+    out = tmp_path / "new"
+    err = _refused(capsys, _train(tmp_path, "--save", str(out), "--json-out", str(out / "r.json")))
+    assert f"--json-out {out / 'r.json'} and --save {out}: one output would overwrite the other" in err or \
+        f"--save {out} and --json-out {out / 'r.json'}: one output would overwrite the other" in err  # fmt: skip
     # the other commands that write
     err = _refused(capsys, ["evaluate", "--checkpoint", str(tmp_path), "--plot-out", str(files["png"])])
     assert "--plot-out" in err and "did not write" in err
@@ -95,6 +99,34 @@ def test_the_same_command_twice_replaces_its_own_outputs_and_keeps_both_runs_che
     assert names[0] != names[1] and names[0].startswith("al-digits-")
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == sorted(names)  # both runs' restore points
     assert sorted(p.name for p in ck.parent.iterdir()) == ["acc.png", "checkpoint", "result.json"]  # no leftovers
+
+
+def test_a_saved_net_with_files_added_is_not_replaced_and_what_appears_mid_run_is_left_alone(
+    tmp_path: Path, capsys, monkeypatch
+):
+    import growpipe.api
+
+    saved, out = tmp_path / "saved", tmp_path / "result.json"
+    assert main(_train(tmp_path, "--save", str(saved))) == 0
+    capsys.readouterr()
+    (saved / "notes.txt").write_text("mine")  # the user's file inside an earlier --save
+    err = _refused(capsys, _train(tmp_path, "--save", str(saved)))
+    assert "holds files growpipe did not write" in err and (saved / "notes.txt").read_text() == "mine"
+    later = tmp_path / "later"
+    real_train = growpipe.api.train
+
+    def and_then_a_folder_appears(*args, **kwargs):
+        result = real_train(*args, **kwargs)
+        later.mkdir()
+        (later / "theirs.txt").write_text("theirs")
+        return result
+
+    monkeypatch.setattr(growpipe.api, "train", and_then_a_folder_appears)
+    assert main(_train(tmp_path, "--save", str(later), "--json-out", str(out))) == 1
+    captured = capsys.readouterr()
+    assert f"growpipe train: error: --save {later}: holds files growpipe did not write" in captured.err
+    assert json.loads(out.read_text())["written_by"] == MARK  # the other output was still written
+    assert sorted(p.name for p in later.iterdir()) == ["theirs.txt"]
 
 
 def test_a_new_run_refuses_the_name_of_one_with_checkpoints_until_told_to_replace_them(tmp_path: Path, capsys):

@@ -70,6 +70,9 @@ def test_word_vectors_that_would_train_on_garbage_or_are_not_a_text_file_are_ref
             read_word_vectors(path, VOCAB, 3)
         assert str(e.value).startswith(f"net.word_vectors: {path} is {what}, not a text vectors file; growpipe reads "
                                        "GloVe/word2vec text (.txt or .txt.gz): convert it")  # fmt: skip
+    latin1 = tmp_path / "latin1.txt"  # text with a stray non-UTF-8 byte is still text
+    latin1.write_bytes(b"caf\xe9 1 2 3\nball 1 2 3\n")
+    assert read_word_vectors(latin1, VOCAB, 3)[1] == 1
 
 
 def test_frozen_pretrained_embeddings_stay_as_loaded_while_the_net_trains(tmp_path: Path, text_dir: Path):

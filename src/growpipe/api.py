@@ -2,7 +2,7 @@
 
 import growpipe
 
-cfg = growpipe.load_config("configs/demo.yaml", ["train.epochs=4", "name=api-demo"])
+cfg = growpipe.load_config("configs/demo.yaml", ["train.epochs=4", "name=api-demo", "checkpoint.overwrite=true"])
 run = growpipe.train(cfg, runtime="local")           # or "ray" (embedded Ray, or address=...)
 print(run.result["test_accuracy"], run.net.depth)
 growpipe.grow("api-demo", kind="layer", width=128)     # a running job on the cluster, by its run name
@@ -17,6 +17,7 @@ from typing import Any
 
 from growpipe.config import RunConfig, build_config, load_config
 from growpipe.loop.loop import RunResult
+from growpipe.outputs import Kind
 from growpipe.progress import EpochBar
 
 __all__ = ["RunResult", "evaluate", "grow", "load_config", "train"]
@@ -30,15 +31,25 @@ def train(
     keep_net: bool = True,
     bar: EpochBar | None = None,
     resume: str | None = None,
+    outputs: dict[str, tuple[str | None, Kind]] | None = None,
 ) -> RunResult:
     """Train (and grow) the net a config describes: a RunConfig, a YAML path, a mapping, or None (every
     default). Returns its result JSON and, with `keep_net`, the trained net in this process.
 
     runtime "ray": on a Ray cluster (`address`, $RAY_ADDRESS, else an embedded local Ray), the engine chosen
     by the config (the local-learning pipeline; for method bp GPipe, 1F1B or Ray Train DDP); "local": the
-    reference trainer in this process. `resume`: a checkpoint directory to continue from. Raises a
-    GrowpipeError (its message one line per problem) when the run cannot start or fails."""
-    cfg = _as_config(config)
+    reference trainer in this process. `resume`: a checkpoint directory to continue from. `outputs`: the
+    files the caller will write afterwards (flag -> (path, kind)), checked with everything else before the
+    run (see growpipe.prepare.check_run). Raises a GrowpipeError (its message one line per problem) when the
+    run cannot start or fails; a new run whose name already has checkpoints is refused unless
+    checkpoint.overwrite."""
+    import os
+
+    from growpipe.prepare import check_run, resolve_paths
+
+    cfg = resolve_paths(_as_config(config))
+    embedded = runtime == "ray" and not (address or os.environ.get("RAY_ADDRESS"))
+    check_run(cfg, outputs, embedded_ray=embedded, fresh=resume is None, warn=progress or print)
     if runtime == "local":
         from growpipe.local import train_local
 

@@ -294,6 +294,23 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any], prefix: s
 
 
 # ---- whole nets (growpipe train --save, MLflow artifacts, Tune checkpoints) ------------------------------
+SAVED_NET_FILES = {"manifest.json", "state.pt"}
+"""What save_net writes into its directory, and nothing else."""
+
+
+def is_saved_net(path: Path) -> bool:
+    """Whether local directory `path` holds a saved net and nothing else (so replacing it loses nothing)."""
+    from pyarrow import fs
+
+    if not {p.name for p in path.iterdir()} <= SAVED_NET_FILES:
+        return False
+    try:
+        _read_manifest(fs.LocalFileSystem(), str(path))
+    except CheckpointError:
+        return False
+    return True
+
+
 def save_net(path: str | Path, net: Any, cfg: RunConfig, summary: dict[str, Any] | None = None,
              mlflow_run_id: str | None = None) -> Path:  # fmt: skip
     """Write a trained net as a one-shard checkpoint directory `path`, atomically: `state.pt` (every block's

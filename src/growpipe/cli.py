@@ -150,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "cluster (seconds to shrink and to spread out, samples/s); data: stage 0's reader per format "
                     "against its block, peak RSS against dataset size; text-ablation: the seeds' text settings one "
                     "at a time; lstm-speed: a BiLSTM step packed vs padded; lstm-pooling: how alike SCPL's BiLSTM "
-                    "features end, per pooling")  # fmt: skip
+                    "features end, per pooling; guard: what the divergence guard costs a step")  # fmt: skip
     be.add_argument("args", nargs=argparse.REMAINDER, help="e.g. --quick --json-out FILE")
 
     ml = sub.add_parser("mlflow", help="MLflow helpers: send a run's entries that could not be sent")
@@ -175,8 +175,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from growpipe.api import train
     from growpipe.checkpoint import save_net
     from growpipe.config import load_config
+    from growpipe.errors import OutputError
     from growpipe.outputs import write_json
-    from growpipe.prepare import check_run, resolve_paths, temporary_workdir_warning
+    from growpipe.prepare import resolve_paths, temporary_workdir_warning
     from growpipe.progress import EpochBar
     from growpipe.report import format_report, format_stage_table, format_topology_changes
     from growpipe.tracking import ui_command
@@ -201,37 +202,46 @@ def _cmd_train(args: argparse.Namespace) -> int:
         "--plot-out": (args.plot_out, "png"),
         "--trace-out": (args.trace_out, "json"),
     }
-    embedded = args.runtime == "ray" and not (args.address or os.environ.get("RAY_ADDRESS"))
-    check_run(cfg, outputs, embedded_ray=embedded, fresh=resume_from is None, warn=print)
-    if cfg.method == "bp" and args.runtime == "ray":
-        from growpipe.runtime.gpipe import check_bp
-
-        check_bp(cfg)
     bar = EpochBar()  # a redrawn bar per epoch in a terminal; plain lines in job logs and pipes
     progress = None if args.quiet else bar.line
     run = train(cfg, args.runtime, args.address, progress, keep_net=bool(args.save),
-                bar=None if args.quiet else bar, resume=resume_from)  # fmt: skip
+                bar=None if args.quiet else bar, resume=resume_from, outputs=outputs)  # fmt: skip
     summary = run.result
     print(format_report(summary))
     if "stages" in summary:
         print(format_stage_table(summary["stages"]))
     if summary.get("topology_changes"):
         print("topology changes:\n" + format_topology_changes(summary["topology_changes"]))
+    failed: list[str] = []  # one output that cannot be written does not cost the others
     if args.plot_out:
         title = f"{cfg.method} on {cfg.data.name}, {summary['blocks']} blocks"
-        summary["plots"] = {"accuracy_vs_compute": str(_plot(summary, args.plot_out, title))}
-    if args.json_out:
-        print(f"result JSON: {write_json(args.json_out, summary)}")
-    if args.trace_out and "timeline" in summary:
-        trace = write_json(args.trace_out, summary["timeline"], "--trace-out")
+        if plot := _attempt(failed, lambda: _plot(summary, args.plot_out, title)):
+            summary["plots"] = {"accuracy_vs_compute": str(plot)}
+    if args.json_out and (out := _attempt(failed, lambda: write_json(args.json_out, summary))):
+        print(f"result JSON: {out}")
+    timeline = summary.get("timeline")
+    if args.trace_out and timeline and (trace := _attempt(failed, lambda: write_json(args.trace_out, timeline,
+                                                                                    "--trace-out"))):  # fmt: skip
         print(f"timeline: {trace} (open in https://ui.perfetto.dev)")
-    if args.save:
-        path = save_net(args.save, run.net, cfg, summary)
+    if args.save and (path := _attempt(failed, lambda: save_net(args.save, run.net, cfg, summary))):
         print(f"checkpoint: {path}  (growpipe evaluate --checkpoint {path})")
     if cfg.tracking.mlflow and cfg.tracking.uri:
         print(f"MLflow: experiment {cfg.tracking.experiment!r} in {cfg.tracking.uri}")
         print(f"  UI: {ui_command(cfg.tracking.uri)}")
+    if failed:
+        raise OutputError("\n".join(failed))
     return 0
+
+
+def _attempt(failed: list[str], write: Any) -> Any:
+    """write(); an OutputError is kept in `failed` (None returned) so that the other outputs are written."""
+    from growpipe.errors import OutputError
+
+    try:
+        return write()
+    except OutputError as e:
+        failed.append(str(e))
+        return None
 
 
 def _check_outputs(outputs: dict[str, Any]) -> None:
@@ -363,6 +373,7 @@ BENCHES = {
     "data": "data.py",
     "elastic": "elastic.py",
     "growth": "growth.py",
+    "guard": "guard.py",
     "lstm-pooling": "lstm_pooling.py",
     "lstm-speed": "lstm_speed.py",
     "pipeline": "pipeline.py",
@@ -419,11 +430,11 @@ def _sweep_stop(signum: int) -> None:
         raise KeyboardInterrupt("signal SIGINT")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `growpipe` console script (argv None: this process's arguments; it then also
-    exits at once when stopped, see _exit_when_stopped); the exit code."""
+def main(argv: Sequence[str] | None = None, *, exits: bool | None = None) -> int:
+    """Entry point of the `growpipe` console script; the exit code. `exits` (default: when argv is None, the
+    console script; the jobs/ entry points say so too): the process ends here (see _exit_when_stopped)."""
     code = _run(argv)
-    if argv is None:
+    if argv is None if exits is None else exits:
         _exit_when_stopped(code)
     return code
 
@@ -477,6 +488,8 @@ def _run(argv: Sequence[str] | None) -> int:
 def _stopped(command: str) -> int:
     """Say that the command was stopped, kill what it started that still runs; 130 (SIGINT) or 143 (SIGTERM)."""
     from growpipe import signals
+
+    signals.exit_at_once_on_signal()  # a second Ctrl-C / SIGTERM while this cleans up ends the process at once
 
     print(f"growpipe {command}: stopped by {signals.describe()}", file=sys.stderr)
     signals.end_descendants()

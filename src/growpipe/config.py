@@ -10,10 +10,10 @@ import copy
 import math
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from growpipe.errors import ConfigError
 
@@ -94,25 +94,6 @@ class NormalizeSpec(_Strict):
                                      "data.normalize: train to measure them from the data")  # fmt: skip
         return self
 
-    @classmethod
-    def field_value(cls, value: Any) -> Any:
-        """data.normalize as given: train / none, or statistics validated here, so that a mistake is one line
-        naming the sub-field (pydantic would report it once per member of the union, under internal names)."""
-        if isinstance(value, cls) or value in ("train", "none"):
-            return value
-        if not isinstance(value, dict):
-            raise ValueError(f"got {value!r}; give train, none or {{mean: [...], std: [...]}}")
-        try:
-            return cls.model_validate(value)
-        except ValidationError as err:
-            parts = []
-            for e in err.errors():
-                where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"]).lstrip(".")
-                msg = e["msg"].removeprefix("Value error, ")
-                msg = "unknown field; give mean and std only" if e["type"] == "extra_forbidden" else msg
-                parts.append(f"{where}: {msg}" if where else msg)
-            raise ValueError("; ".join(parts)) from None
-
 
 class DataSpec(_Strict):
     """Which dataset, where it lives, and how it is batched and tokenised."""
@@ -137,7 +118,7 @@ class DataSpec(_Strict):
     """Convert every image to 1 (grey) or 3 (RGB) channels (needed when modes differ). Default: their own."""
     image_shape: list[int] | None = None
     """[channels, height, width]: a column of number lists (or the numeric columns) reshaped into images."""
-    normalize: Annotated[Literal["train", "none"] | NormalizeSpec, BeforeValidator(NormalizeSpec.field_value)] = "train"
+    normalize: Literal["train", "none"] | NormalizeSpec = "train"
     """Image and table inputs standardised per channel (feature) with statistics of the training rows (train:
     after limit_train and val_fraction), left as read (none), or {mean: [...], std: [...]}; stored in
     checkpoints, so evaluate and the served model apply the same."""
@@ -676,12 +657,19 @@ class RunConfig(_Strict):
 
 
 def _format_errors(err: ValidationError, source: str, lines: dict[tuple[str, ...], int] | None = None) -> str:
-    """One line per problem, the field named as the user wrote it (`lines`: where each YAML key is)."""
+    """A header and one line per problem, the field named as the user wrote it (`lines`: where each YAML key
+    is)."""
+    problems = problem_lines(err, lines)
+    return "\n".join([f"{source}: {len(problems)} problem(s)", *(f"  {p}" for p in problems)])
+
+
+def problem_lines(err: ValidationError, lines: dict[tuple[str, ...], int] | None = None) -> list[str]:
+    """One line per problem of a validation error: 'field (line N): what is wrong and the fix'."""
     problems = []
     for e in err.errors():
         tags = [str(p) for p in e["loc"] if _is_union_tag(p)]
-        if tags and tags[0].startswith("literal[") and isinstance(e["input"], dict):
-            continue  # a mapping was meant for the model member of a `literal | model` field: its errors say why
+        if tags and _other_member_meant(tags[0], e):
+            continue  # a `literal | model` field: only the member the value was meant for says what is wrong
         loc = tuple(str(p) for p in e["loc"] if not _is_union_tag(p))
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
@@ -690,8 +678,20 @@ def _format_errors(err: ValidationError, source: str, lines: dict[tuple[str, ...
             msg = f"got {e['input']!r}; {msg.lower()}"
         where = _line_of(loc, lines)
         field = f"{'.'.join(loc)}{where}: " if loc else ""  # a whole-model check names its fields itself
-        problems += [f"  {field}{part}" for part in msg.splitlines()]
-    return "\n".join([f"{source}: {len(problems)} problem(s)", *problems])
+        problems += [f"{field}{part}" for part in msg.splitlines()]
+    return problems
+
+
+def _other_member_meant(tag: str, error: Any) -> bool:
+    """Whether this error of a union member is noise: a mapping was meant for the model member (not the
+    literal), anything else for the literal member (not the model)."""
+    if tag.startswith("literal["):
+        return isinstance(error["input"], dict)
+    return not isinstance(error["input"], dict) and error["type"] in (
+        "model_type",
+        "model_attributes_type",
+        "dict_type",
+    )
 
 
 def _is_union_tag(part: Any) -> bool:
@@ -773,12 +773,13 @@ def parse_grow_request(raw: dict[str, Any]) -> GrowRequest:
         raise ConfigError(_format_errors(err, "grow request")) from None
 
 
-def build_config(raw: dict[str, Any] | None, source: str = "config",
-                 lines: dict[tuple[str, ...], int] | None = None) -> RunConfig:  # fmt: skip
-    """Validate a raw mapping; raise ConfigError listing every problem (`lines`: where each YAML key is)."""
+def build_config(raw: dict[str, Any] | None, source: str = "config", yaml_file: Path | None = None) -> RunConfig:
+    """Validate a raw mapping; raise ConfigError listing every problem (with its line in `yaml_file`, the
+    YAML the mapping was read from)."""
     try:
         return RunConfig.model_validate(raw or {})
     except ValidationError as err:
+        lines = yaml_key_lines(yaml_file.read_text()) if yaml_file is not None else None
         raise ConfigError(_format_errors(err, source, lines)) from None
 
 
@@ -806,14 +807,10 @@ def read_yaml_mapping(path: str | Path, flag: str, examples: str, top: str) -> d
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
     """Read a YAML file (or nothing: all defaults), apply --set overrides, validate."""
     raw: dict[str, Any] = {}
-    source = "defaults"
-    lines = None
     if path is not None:
         raw = read_yaml_mapping(path, "--config", "configs/", "sections (method, data, net, ...)")
-        source = str(path)
-        lines = yaml_key_lines(Path(path).read_text())
     raw = apply_overrides(raw, overrides or [])
-    return build_config(raw, source, lines)
+    return build_config(raw, str(path) if path is not None else "defaults", Path(path) if path is not None else None)
 
 
 def dump_config(cfg: RunConfig) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from growpipe import __version__
-from growpipe.errors import ConfigError, OutputError
+from growpipe.errors import OutputError
 from growpipe.fsutil import atomic_write_bytes, atomic_write_dir, atomic_write_text
 
 Kind = Literal["json", "png", "yaml", "checkpoint"]
@@ -29,7 +29,9 @@ LEGACY_RESULT_KEYS = {"method", "dataset", "blocks", "adaptive"}
 def is_own(path: Path, kind: Kind) -> bool:
     """Whether the existing `path` is growpipe's own output of this kind (or empty), so it may be replaced."""
     if kind == "checkpoint":
-        return path.is_dir() and (not any(path.iterdir()) or _has_manifest(path))
+        from growpipe.checkpoint import is_saved_net
+
+        return path.is_dir() and (not any(path.iterdir()) or is_saved_net(path))
     if not path.is_file():
         return False
     if path.stat().st_size == 0:
@@ -49,14 +51,6 @@ def is_own(path: Path, kind: Kind) -> bool:
         return False
     except Exception:  # PIL's UnidentifiedImageError and the like: not a PNG growpipe wrote
         return False
-
-
-def _has_manifest(path: Path) -> bool:
-    try:
-        manifest = json.loads((path / "manifest.json").read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
-        return False
-    return isinstance(manifest, dict) and "format_version" in manifest and "shards" in manifest
 
 
 def output_problem(flag: str, path: str | Path, kind: Kind) -> str | None:
@@ -79,15 +73,23 @@ def output_problem(flag: str, path: str | Path, kind: Kind) -> str | None:
 
 
 def check_outputs(outputs: dict[str, tuple[str | None, Kind]]) -> list[str]:
-    """The problems of every output a command will write (flag -> (path or None, kind)), one line each."""
-    return [why for flag, (path, kind) in outputs.items() if path and (why := output_problem(flag, path, kind))]
+    """The problems of every output a command will write (flag -> (path or None, kind)), one line each: each
+    path on its own, and two outputs on one path (or one inside the other)."""
+    given = [(flag, Path(path).expanduser().absolute(), kind) for flag, (path, kind) in outputs.items() if path]
+    problems = [why for flag, p, kind in given if (why := output_problem(flag, p, kind))]
+    for i, (flag_a, a, _) in enumerate(given):
+        for flag_b, b, _ in given[i + 1 :]:
+            if a == b or a in b.parents or b in a.parents:
+                problems.append(f"{flag_a} {a} and {flag_b} {b}: one output would overwrite the other; give each "
+                                "its own path")  # fmt: skip
+    return problems
 
 
 def ensure_replaceable(flag: str, path: str | Path, kind: Kind) -> None:
-    """ConfigError unless `path` may be written now (checked again right before each write: something may
+    """OutputError unless `path` may be written now (checked again right before each write: something may
     have appeared there since the run started)."""
     if why := output_problem(flag, path, kind):
-        raise ConfigError(why)
+        raise OutputError(why)
 
 
 @contextlib.contextmanager

@@ -159,10 +159,11 @@ looked up in MLflow's registry."""
 def tracking_uri_problem(uri: str) -> tuple[str | None, str | None]:
     """(why MLflow cannot use `uri` at all, why a tracking server does not answer now); None where fine."""
     scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
-    if scheme in ("", "file"):
-        return (f"tracking.uri {uri}: MLflow 3.17 no longer writes plain-path (file) stores; use "
-                "sqlite:///PATH/mlflow.db or an http(s):// tracking server"), None  # fmt: skip
-    if scheme not in MLFLOW_SCHEMES:
+    if scheme in ("", "file") and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("1", "true"):
+        why = (f"tracking.uri {uri}: MLflow 3.17 no longer writes plain-path (file) stores; use sqlite:///PATH/"
+               "mlflow.db or an http(s):// tracking server (or set MLFLOW_ALLOW_FILE_STORE=true)")  # fmt: skip
+        return why, None
+    if scheme not in (*MLFLOW_SCHEMES, "", "file"):
         from mlflow.tracking._tracking_service.utils import _tracking_store_registry
 
         if scheme not in _tracking_store_registry._registry:

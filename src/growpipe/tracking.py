@@ -118,8 +118,8 @@ class MlflowTracker(RunCallback):
             return
         if not self.cfg.tracking.run_id:  # an existing (resumed) run has its params already
             self.queue.append({"op": "params", "params": flatten(self.cfg.model_dump(mode="json"))})
-        else:  # the tags of how it ended before describe that end, not this run
-            self.queue.append({"op": "tags", "tags": {"growpipe.end_reason": "running (resumed)"}})
+        else:  # running again: how it ended before (status, tags) describes that end, not this run
+            self.queue.append({"op": "resume"})
         self.artifact_text("config.yaml", _yaml(self.cfg.model_dump(mode="json")))
         self.flush()
         if self.run_id:
@@ -320,7 +320,8 @@ class MlflowTracker(RunCallback):
 
 
 def send_entry(client: Any, run_id: str, entry: dict[str, Any]) -> None:
-    """Send one queued entry (params, metrics, artifact, tags, inputs, register, end) to MLflow run `run_id`."""
+    """Send one queued entry (params, metrics, artifact, tags, inputs, register, end, resume) to MLflow run
+    `run_id`."""
     from mlflow.entities import Metric, Param
 
     op = entry["op"]
@@ -347,6 +348,11 @@ def send_entry(client: Any, run_id: str, entry: dict[str, Any]) -> None:
         register_model(client, run_id, entry["name"])
     elif op == "end":
         client.set_terminated(run_id, status=entry["status"])
+    elif op == "resume":
+        client.update_run(run_id, status="RUNNING")
+        client.set_tag(run_id, "growpipe.end_reason", "running (resumed)")
+        if "growpipe.stopped_early" in client.get_run(run_id).data.tags:
+            client.delete_tag(run_id, "growpipe.stopped_early")
 
 
 def dataset_inputs(data: dict[str, Any]) -> list[Any]:

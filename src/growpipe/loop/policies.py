@@ -51,10 +51,10 @@ def learned_nothing(stats: list[StageStats]) -> str | None:
     """Why an epoch ends the run although train.on_nonfinite is skip_batch: a block skipped every batch its
     stage trained (None: every block learned from some batch)."""
     blocks = [(int(k.removeprefix("b")), n, s.batches) for s in stats for k, n in s.skipped.items()]
-    idle = sorted((i, n) for i, n, batches in blocks if batches and n >= batches)
+    idle = sorted((i, n, batches) for i, n, batches in blocks if batches and n >= batches)
     if not idle:
         return None
-    which = ", ".join(f"block {i} ({n} of {n})" for i, n in idle)
+    which = ", ".join(f"block {i} ({n} of {batches})" for i, n, batches in idle)
     return f"{which} skipped every batch of the epoch (a non-finite loss or gradient each time)"
 
 

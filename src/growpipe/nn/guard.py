@@ -52,8 +52,15 @@ def nonfinite_problem(losses: dict[str, float], grads_finite: bool = True, judge
     if bad:
         return "non-finite loss (" + ", ".join(f"{k}={v}" for k, v in bad.items()) + ")"
     if not grads_finite:
-        return "non-finite gradient (loss " + ", ".join(f"{k}={v:.4g}" for k, v in losses.items()) + ")"
+        shown = ", ".join(f"{k}={v:.4g}" for k, v in losses.items())
+        return "non-finite gradient" + (f" (loss {shown})" if shown else "")
     return None
+
+
+def problem_after_backward(losses: dict[str, float], optimizers: Sequence[torch.optim.Optimizer]) -> str | None:
+    """For losses already read as floats: what is non-finite, the losses first, then the gradients the
+    optimizers hold (one host sync, only when the losses are finite). None: the step may go on."""
+    return nonfinite_problem(losses) or nonfinite_problem(losses, grads_finite(optimizers))
 
 
 def check_step(losses: dict[str, torch.Tensor], optimizers: Sequence[torch.optim.Optimizer],

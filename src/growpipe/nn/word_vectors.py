@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import codecs
 import gzip
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,13 +31,9 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
 
 
 def _refuse_binary(path: Path, head: bytes) -> None:
-    """DataError unless the file starts as text (UTF-8, no NUL byte): binary word2vec (.bin) is not read."""
-    try:
-        codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
-        text = b"\0" not in head
-    except UnicodeDecodeError:
-        text = False
-    if not text:
+    """DataError when the file starts as binary data (a NUL byte: binary word2vec's raw floats have them; text
+    in any encoding has none, and stray non-UTF-8 bytes are read as replacement characters)."""
+    if b"\0" in head:
         first = head.split(b"\n", 1)[0].split()
         w2v = len(first) == 2 and all(x.isdigit() for x in first)
         what = "binary word2vec" if w2v else "binary data"

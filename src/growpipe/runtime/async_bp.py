@@ -31,7 +31,7 @@ from torch.func import functional_call
 
 from growpipe.config import RunConfig
 from growpipe.errors import ConfigError, NonFiniteError, StageError
-from growpipe.nn.guard import STOP_HINT, grads_finite, nonfinite_problem
+from growpipe.nn.guard import STOP_HINT, problem_after_backward
 from growpipe.nn.packet import Packet
 from growpipe.runtime.bp_stage import BPStage, busy
 
@@ -134,13 +134,15 @@ class AsyncBPStage(BPStage):
         for n, p in live.items():
             p.grad = weights[n].grad
         opt = block.optimizers["all"]
+        # every stage judges its own gradients before it steps (the last one the loss too); the stages after it
+        # have stepped on this mini-batch already: 1F1B does not wait for the whole pipeline
+        problem = problem_after_backward({"ce": loss} if self.last else {}, [opt])
+        if problem is not None:
+            opt.zero_grad(set_to_none=True)
+            if block.on_nonfinite == "stop":
+                raise NonFiniteError(problem, STOP_HINT, self.name(), batch=batch)
+            return self._skip(block)
         if self.last:
-            problem = nonfinite_problem({"ce": loss}) or nonfinite_problem({"ce": loss}, grads_finite([opt]))
-            if problem is not None:
-                opt.zero_grad(set_to_none=True)
-                if block.on_nonfinite == "stop":
-                    raise NonFiniteError(problem, STOP_HINT, self.name(), batch=batch)
-                return self._skip(block)
             self.loss_sum += loss
             self.loss_batches += 1
         dist = sum(float((weights[n].detach() - p.detach()).square().sum()) for n, p in live.items())

@@ -24,7 +24,7 @@ from growpipe.config import RunConfig
 from growpipe.data.bundle import batch_order
 from growpipe.errors import NonFiniteError, StageError
 from growpipe.loop.stats import StageStats
-from growpipe.nn.guard import STOP_HINT, grads_finite, nonfinite_problem
+from growpipe.nn.guard import STOP_HINT, problem_after_backward
 from growpipe.nn.methods.bp import BPBlock
 from growpipe.nn.packet import Packet
 from growpipe.nn.specs import BlockSpec, InputInfo
@@ -116,13 +116,24 @@ class BPStage(StageBase):
         return x_in.grad.detach().cpu()
 
     @busy
-    def step(self, batch: int, verdict: NonFiniteError | None = None) -> NonFiniteError | None:
+    def verdict(self, batch: int) -> NonFiniteError | None:
+        """After mini-batch `batch`'s backward: why this stage may not step (its gradients, and on the last stage
+        the mini-batch's loss, not finite), or None."""
+        block = self._require_block()
+        if block.frozen:
+            return None
+        losses = {"ce": self.batch_loss} if self.last else {}
+        problem = problem_after_backward(losses, [block.optimizers["all"]])
+        return None if problem is None else NonFiniteError(problem, STOP_HINT, self.name(), batch=batch)
+
+    @busy
+    def step(self, batch: int, *verdicts: NonFiniteError | None) -> NonFiniteError | None:
         """One optimizer step with the gradients accumulated over mini-batch `batch`, unless it is skipped.
 
-        The last stage decides: its mini-batch loss or its gradients non-finite -> the NonFiniteError it
-        returns (the engine raises it under train.on_nonfinite: stop); the others get that `verdict`. A
-        skipped mini-batch drops every stage's gradients and leaves its weights and optimizer state as they
-        were (counted in the stage's skipped batches)."""
+        `verdicts`: every stage's `verdict` for the mini-batch: if any says no, no stage steps (the first such
+        one is returned; the engine raises it under train.on_nonfinite: stop). A skipped mini-batch drops
+        every stage's gradients and leaves its weights and optimizer state as they were (counted in the
+        stage's skipped batches)."""
         block = self._require_block()
         if self.saved:
             raise StageError(f"stage {self.index}: {len(self.saved)} micro-batch(es) had no backward before step")
@@ -130,8 +141,8 @@ class BPStage(StageBase):
         if block.frozen:
             return None
         opt = block.optimizers["all"]
+        verdict = next((v for v in verdicts if v is not None), None)
         if self.last:
-            verdict = self._verdict(batch, opt)
             if verdict is None:
                 self.loss_sum += self.batch_loss
                 self.loss_batches += 1
@@ -144,12 +155,6 @@ class BPStage(StageBase):
         opt.zero_grad(set_to_none=True)
         block.steps += 1
         return verdict
-
-    def _verdict(self, batch: int, opt: torch.optim.Optimizer) -> NonFiniteError | None:
-        """The last stage: whether the mini-batch's loss and this stage's gradients are finite."""
-        loss = {"ce": self.batch_loss}
-        problem = nonfinite_problem(loss) or nonfinite_problem(loss, grads_finite([opt]))
-        return None if problem is None else NonFiniteError(problem, STOP_HINT, self.name(), batch=batch)
 
     def name(self) -> str:
         """How messages name this stage, e.g. "stage 1 (block 1, BPBlock)"."""

@@ -123,8 +123,8 @@ class BPPipelineEngine(StageEngine):
                 grad = stages[-1].backward.remote(m, None)
                 for st in reversed(stages[:-1]):
                     grad = st.backward.remote(m, grad)
-            verdict = stages[-1].step.remote(b)  # the last stage decides whether every stage steps
-            pending.append([verdict, *(st.step.remote(b, verdict) for st in stages[:-1])])
+            verdicts = [st.verdict.remote(b) for st in reversed(stages)]  # the loss's own verdict first
+            pending.append([st.step.remote(b, *verdicts) for st in stages])  # no stage steps unless all may
             if len(pending) > BATCHES_AHEAD:
                 self._settle(pending.popleft())
             self._position = (b, total)

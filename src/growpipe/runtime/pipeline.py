@@ -52,8 +52,10 @@ def _starting_ray() -> Any:
     try:
         with signals.watching():
             yield
-    except SystemExit as e:  # Ray's handler: SIGTERM while ray.init ran
-        signals.note(signal.SIGTERM if e.code in (signal.SIGTERM, None) else signal.SIGINT)
+    except SystemExit as e:
+        if e.code != signal.SIGTERM:  # not Ray's handler for SIGTERM (sys.exit(signum)) while ray.init ran
+            raise
+        signals.note(signal.SIGTERM)
         _release_partial_ray()
         raise KeyboardInterrupt("signal SIGTERM") from None
     except KeyboardInterrupt:

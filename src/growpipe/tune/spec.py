@@ -18,6 +18,7 @@ from growpipe.config import (
     apply_overrides,
     build_config,
     load_config,
+    problem_lines,
     read_yaml_mapping,
     run_name_problem,
     set_dotted,
@@ -127,6 +128,10 @@ class SourceSpec(_Strict):
     """Where thresholds are chosen: the validation split (needs data.val_fraction > 0) or the test split."""
 
 
+SWEEP_NAME_MAX = 100
+"""A sweep's name and a Tune trial id (NAME-abcd1234_00001) stay within a run name's 128 characters."""
+
+
 class SweepSpec(_Strict):
     """A whole sweep file."""
 
@@ -170,6 +175,8 @@ class SweepSpec(_Strict):
 
     def _problems(self) -> list[str]:
         out = [f"name: {why}"] if (why := run_name_problem(self.name)) else []
+        if len(self.name) > SWEEP_NAME_MAX:
+            out.append(f"name: at most {SWEEP_NAME_MAX} characters (its trials' runs are named NAME-TRIAL_ID)")
         if not self.search_space:
             out.append("search_space is empty: name at least one config field and its values")
         if self.kind == "thresholds":
@@ -215,12 +222,17 @@ def base_raw(spec: SweepSpec) -> dict[str, Any]:
     return raw
 
 
-def trial_config(base: dict[str, Any], params: dict[str, Any], source: str = "trial") -> RunConfig:
-    """The run config of one trial: `base` with the trial's `params` (dotted keys) set."""
+def trial_raw(base: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """The raw run config of one trial: `base` with the trial's `params` (dotted keys) set."""
     raw = copy.deepcopy(base)
     for key, value in params.items():
         set_dotted(raw, key, value)
-    return build_config(raw, source)
+    return raw
+
+
+def trial_config(base: dict[str, Any], params: dict[str, Any], source: str = "trial") -> RunConfig:
+    """The run config of one trial: `base` with the trial's `params` (dotted keys) set."""
+    return build_config(trial_raw(base, params), source)
 
 
 def check_search_space(spec: SweepSpec, base: dict[str, Any]) -> tuple[list[RunConfig], list[str]]:
@@ -237,9 +249,9 @@ def check_search_space(spec: SweepSpec, base: dict[str, Any]) -> tuple[list[RunC
     cfgs, problems = [], []
     for params, source in trials:
         try:
-            cfgs.append(trial_config(base, params, source))
-        except ConfigError as e:  # "SOURCE: N problem(s)" then one indented line per problem
-            problems += [f"{source}: {line.strip()}" for line in str(e).splitlines()[1:]]
+            cfgs.append(RunConfig.model_validate(trial_raw(base, params)))
+        except ValidationError as err:
+            problems += [f"{source}: {line}" for line in problem_lines(err)]
     return cfgs, problems
 
 

@@ -430,7 +430,8 @@ def _finish(
 
 
 def _best_config(spec: SweepSpec, base: dict[str, Any], params: dict[str, Any]) -> RunConfig:
-    """A run config `growpipe train --config` accepts: the trial's config, tracking fields of the sweep cleared."""
+    """A run config `growpipe train --config` accepts: the trial's config, tracking fields of the sweep cleared
+    and no run name (each run of it gets its own, as with the shipped configs)."""
     if spec.kind == "thresholds":
         from growpipe.checkpoint import open_checkpoint
 
@@ -443,7 +444,7 @@ def _best_config(spec: SweepSpec, base: dict[str, Any], params: dict[str, Any]) 
         raw, p = base, dict(params)
     cfg = trial_config(raw, p, "best config")
     tracking = cfg.tracking.model_copy(update={"run_id": None, "parent_run_id": None, "uri": None})
-    return cfg.model_copy(update={"name": f"{spec.name}-best", "tracking": tracking})
+    return cfg.model_copy(update={"name": None, "tracking": tracking})
 
 
 def format_trials(spec: SweepSpec, trials: list[dict[str, Any]]) -> str:

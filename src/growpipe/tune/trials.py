@@ -42,8 +42,9 @@ def train_trial(
 
     ctx = tune.get_context()
     name = trial_run_name(sweep, ctx.get_trial_id())
+    # the trial's run folder is its own: a restart that Tune hands no checkpoint starts over in it
     base = {**base, "name": name, "checkpoint": {**base.get("checkpoint", {}), "enabled": save_checkpoint,
-            "uri": runs_dir, "keep": 3, "every_epochs": 1}}  # fmt: skip
+            "uri": runs_dir, "keep": 3, "every_epochs": 1, "overwrite": True}}  # fmt: skip
     if parent_run_id:
         tracking = {**base.get("tracking", {}), "parent_run_id": parent_run_id}
         tracking["run_id"] = _existing_child(tracking, name)  # one MLflow run per trial, across restarts
