@@ -1,13 +1,15 @@
 # Shared by the raylocal scripts: the checkout, its .venv (set up on first use) and the head's settings.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# The ports `up` chose (it may pick free ones) and the head's processes are kept here for submit, status and
+# down; variables set by the caller win. RAYLOCAL_STATE moves it (a relative path is the caller's).
+STATE="${RAYLOCAL_STATE:-$REPO/runs/raylocal.env}"
+case "$STATE" in /*) ;; *) STATE="$PWD/$STATE" ;; esac
 cd "$REPO"
 [ -x .venv/bin/ray ] || make -s .venv/.installed
 RAY=.venv/bin/ray
-# The ports `up` chose (it may pick free ones) are kept here for submit, status and down; variables set by
-# the caller win.
-STATE="$REPO/runs/raylocal.env"
-if [ -f "$STATE" ]; then
+# up sets raylocal_new_head: a new head does not take the ports of the one recorded before
+if [ -z "${raylocal_new_head:-}" ] && [ -f "$STATE" ]; then
   while IFS='=' read -r key value; do
     [ -n "$key" ] && [ -z "${!key:-}" ] && export "$key=$value"
   done < "$STATE"
@@ -19,9 +21,5 @@ RAYLOCAL_TMP="/tmp/raylocal-$RAY_PORT"
 DASHBOARD="http://127.0.0.1:$RAY_DASHBOARD_PORT"
 # Ray 2.60 heads use token auth (the token is in ~/.ray/auth_token); the CLI must say so.
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"
-# Ray's single-machine mode (its default on macOS and Windows): the node's address is 127.0.0.1 instead of the
-# machine's network address, so the GCS, raylet, agents, workers and client server listen on 127.0.0.1 only.
-# Every process that talks to the head needs it (the head's own processes and jobs inherit it from `up`).
-export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
 # The head (and so every job's `python`) uses this checkout's virtualenv.
 export PATH="$REPO/.venv/bin:$PATH"

@@ -1,10 +1,12 @@
 """The processes of the Ray head raylocal/up starts: which they are, whether the process listening on the job
 agent's port is one of them, and ending exactly them. raylocal/up and raylocal/down run this file; nothing here
-finds a process by its name or command line, so other Rays on the machine are never touched.
+finds a process by its name or command line (a command line only confirms a recorded pid), so other Rays on the
+machine are never touched.
 
     python raylocal/_head.py start AGENT_PORT -- ray start --head ...  # prints RAYLOCAL_PIDS=... for the state file
     python raylocal/_head.py running STATE        # exit 0 when a process recorded in STATE still runs
-    python raylocal/_head.py stop STATE WHERE     # ends the recorded processes (and their children)
+    python raylocal/_head.py stop STATE WHERE     # ends the recorded processes (and their children); exit 1
+                                                  # when a recorded pid runs that it cannot confirm as the head's
 
 `start` makes itself a child subreaper (Linux) before it runs `ray start`: the daemons `ray start` leaves behind
 (GCS, raylet, dashboard, Ray client server, log monitor, autoscaler monitor) become its children instead of init's,
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import os
 import signal
 import subprocess
@@ -30,6 +33,8 @@ import psutil
 
 AGENT_WAIT_S = 60.0
 STOP_GRACE_S = 10.0  # what has not ended this long after SIGTERM is killed
+# psutil derives a process's start time from the boot time, which moves when the wall clock steps (NTP, suspend)
+START_SLACK_S = 2.0
 _PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -56,10 +61,32 @@ def family(parent_of: Mapping[int, int], roots: Iterable[int]) -> set[int]:
     return found
 
 
-def still_running(recorded: Mapping[int, float], started: Mapping[int, float]) -> set[int]:
-    """The recorded processes (pid -> start time) that still run: a pid now held by a process that started at
-    another time was reused by the system and is not ours."""
-    return {pid for pid, t in recorded.items() if pid in started and abs(started[pid] - t) < 0.05}
+@dataclass(frozen=True)
+class Seen:
+    """A process as up recorded it or as it runs now: its start time and `signature` of its command line
+    ("" when unknown)."""
+
+    started: float
+    signature: str = ""
+
+
+def signature(cmdline: list[str]) -> str:
+    """A short fingerprint of a command line, to recognise a recorded process whose start time moved."""
+    return hashlib.sha1("\0".join(cmdline).encode()).hexdigest()[:8] if cmdline else ""
+
+
+def match(recorded: Mapping[int, Seen], running: Mapping[int, Seen]) -> tuple[set[int], set[int]]:
+    """The recorded pids that still run, as (ours, unsure). Ours: it started when recorded (within
+    START_SLACK_S) or runs the recorded command line. Unsure: neither, so it is another process the system gave
+    the pid to, or the head's own after a clock step that also changed its title; it is not ours to end."""
+    ours, unsure = set(), set()
+    for pid, rec in recorded.items():
+        now = running.get(pid)
+        if now is None:
+            continue
+        same = abs(now.started - rec.started) <= START_SLACK_S or "" != rec.signature == now.signature
+        (ours if same else unsure).add(pid)
+    return ours, unsure
 
 
 def agent_verdict(listeners: Iterable[Listener], head: set[int]) -> tuple[str, Listener | None]:
@@ -81,13 +108,14 @@ def stop_order(started: Mapping[int, float]) -> list[list[int]]:
     return [stage for stage in (pids[1:], pids[:1]) if stage]
 
 
-def encode(recorded: Mapping[int, float]) -> str:
-    return ",".join(f"{pid}@{t:.2f}" for pid, t in sorted(recorded.items()))
+def encode(recorded: Mapping[int, Seen]) -> str:
+    return ",".join(f"{pid}@{s.started:.2f}@{s.signature}" for pid, s in sorted(recorded.items()))
 
 
-def decode(text: str) -> dict[int, float]:
-    pairs = (item.split("@") for item in text.split(",") if item)
-    return {int(pid): float(t) for pid, t in pairs}
+def decode(text: str) -> dict[int, Seen]:
+    """The inverse of `encode`; also reads pid@time (a state file written before signatures)."""
+    fields = (item.split("@") for item in text.split(",") if item)
+    return {int(pid): Seen(float(t), *rest[:1]) for pid, t, *rest in fields}
 
 
 def label(cmdline: list[str], name: str) -> str:
@@ -145,12 +173,16 @@ def _describe_pid(pid: int) -> str:
         return f"pid {pid}"
 
 
-def _start_times(procs: Mapping[int, psutil.Process]) -> dict[int, float]:
-    started = {}
+def _seen(procs: Mapping[int, psutil.Process]) -> dict[int, Seen]:
+    seen = {}
     for pid, p in procs.items():
         with contextlib.suppress(psutil.NoSuchProcess):
-            started[pid] = p.create_time()
-    return started
+            try:
+                cmdline = p.cmdline()
+            except psutil.AccessDenied:
+                cmdline = []
+            seen[pid] = Seen(p.create_time(), signature(cmdline))
+    return seen
 
 
 def descendants(roots: Iterable[int]) -> dict[int, psutil.Process]:
@@ -193,7 +225,7 @@ def stop(procs: Iterable[psutil.Process], grace_s: float = STOP_GRACE_S) -> Stop
     """End `procs` in `stop_order`: SIGTERM, up to `grace_s` to end, then SIGKILL. psutil refuses to signal a
     pid the system has since given to another process."""
     procs = {p.pid: p for p in procs if _alive(p)}
-    started = _start_times(procs)
+    started = {pid: seen.started for pid, seen in _seen(procs).items()}
     names = {pid: _describe(procs[pid]) for pid in sorted(started)}
     killed: list[psutil.Process] = []
     for stage in stop_order(started):
@@ -281,11 +313,11 @@ def start(agent_port: int, command: list[str], wait_s: float = AGENT_WAIT_S) -> 
         return fail("interrupted", 130)
     except _Terminated:
         return fail("terminated", 143)
-    print("RAYLOCAL_PIDS=" + encode(_start_times(procs)))
+    print("RAYLOCAL_PIDS=" + encode(_seen(procs)))
     return 0
 
 
-def recorded(state: Path) -> dict[int, float]:
+def recorded(state: Path) -> dict[int, Seen]:
     """The head's processes as raylocal/up recorded them in the state file (none when there is no file)."""
     if not state.is_file():
         return {}
@@ -296,32 +328,55 @@ def recorded(state: Path) -> dict[int, float]:
     return {}
 
 
-def _recorded_running(state: Path) -> dict[int, psutil.Process]:
+def _recorded_running(state: Path) -> tuple[dict[int, psutil.Process], set[int]]:
+    """The head's processes still running (the recorded ones `match` confirms and their descendants) and the
+    recorded pids that run but `match` cannot confirm."""
     rec = recorded(state)
     procs = _running()
-    return descendants(still_running(rec, _start_times({pid: procs[pid] for pid in rec.keys() & procs.keys()})))
+    ours, unsure = match(rec, _seen({pid: procs[pid] for pid in rec.keys() & procs.keys()}))
+    head = descendants(ours)
+    return head, unsure - head.keys()
+
+
+def _unsure_line(unsure: set[int], state: Path) -> str:
+    who = ", ".join(_describe_pid(pid) for pid in sorted(unsure))
+    runs = "still runs" if len(unsure) == 1 else "still run"
+    return (
+        f"{who} recorded in {state} {runs}, but neither start time nor command line match the record, so it may "
+        "not be the head's"
+    )
 
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["start"] and len(argv) >= 4 and argv[2] == "--":
         return start(int(argv[1]), argv[3:])
     if argv[:1] == ["running"] and len(argv) == 2:
-        return 0 if _recorded_running(Path(argv[1])) else 1
+        state = Path(argv[1])
+        procs, unsure = _recorded_running(state)
+        if unsure:
+            print(f"raylocal/up: {_unsure_line(unsure, state)}", file=sys.stderr)
+        return 0 if procs or unsure else 1
     if argv[:1] == ["stop"] and len(argv) == 3:
         state, where = Path(argv[1]), argv[2]
-        procs = _recorded_running(state)
         if not recorded(state):
-            print(f"no raylocal head recorded ({state.name} is missing or lists no processes); nothing to stop")
+            print(f"no raylocal head recorded ({state} is missing or lists no processes); nothing to stop")
             return 0
-        if not procs:
+        procs, unsure = _recorded_running(state)
+        problems = []
+        if procs:
+            result = stop(procs.values())
+            print(f"ray head on {where} stopped: {len(result.names)} processes: {result.say(result.names)}")
+            if result.killed:
+                print(f"  killed after {STOP_GRACE_S:.0f} s without ending on SIGTERM: {result.say(result.killed)}")
+            if result.left:
+                problems.append(f"still running after SIGKILL: {result.say(result.left)}")
+        elif not unsure:
             print(f"no process of the raylocal head on {where} runs any more; nothing to stop")
-            return 0
-        result = stop(procs.values())
-        print(f"ray head on {where} stopped: {len(result.names)} processes: {result.say(result.names)}")
-        if result.killed:
-            print(f"  killed after {STOP_GRACE_S:.0f} s without ending on SIGTERM: {result.say(result.killed)}")
-        if result.left:
-            print(f"raylocal/down: still running after SIGKILL: {result.say(result.left)}", file=sys.stderr)
+        if unsure:
+            problems.append(f"{_unsure_line(unsure, state)}: left alone (end it yourself if it is the head's)")
+        if problems:
+            print(f"raylocal/down: {'; '.join(problems)}; kept {state} (delete it once none of its pids is the "
+                  "head's)", file=sys.stderr)  # fmt: skip
             return 1
         return 0
     print(__doc__.split("\n\n")[1], file=sys.stderr)

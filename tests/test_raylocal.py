@@ -1,5 +1,6 @@
 """raylocal/: cluster.yaml is a valid config for Ray's cluster launcher (its own JSON schema); up records every
-process of its head and checks that the job agent answering is its own; down ends exactly those processes."""
+process of its head and checks that the job agent answering is its own; down ends exactly those processes, and
+keeps its record while a recorded pid it cannot confirm still runs; the head listens where the README says."""
 
 import http.server
 import importlib.util
@@ -10,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 
 import jsonschema
@@ -62,18 +64,34 @@ def test_the_head_is_its_roots_and_their_descendants_only():
     assert head.family(parent_of, []) == set()
 
 
-def test_a_recorded_pid_the_system_gave_to_a_new_process_is_not_the_heads():
-    recorded = {100: 1000.25, 101: 1000.30, 102: 1000.40}
-    started = {100: 1000.25, 101: 2000.00}  # 101 reused later, 102 gone
-    assert head.still_running(recorded, started) == {100}
+def test_a_recorded_process_is_the_heads_when_it_started_then_or_runs_the_recorded_command_line():
+    Seen = head.Seen
+    recorded = {
+        100: Seen(1000.25, "aaaa"),
+        101: Seen(1000.30, "bbbb"),
+        102: Seen(1000.40, "cccc"),
+        103: Seen(1000.50, ""),
+        104: Seen(1000.60, "dddd"),
+    }
+    running = {
+        100: Seen(1001.90, "zzzz"),  # the wall clock stepped 1.65 s (its title changed too)
+        101: Seen(1500.00, "bbbb"),  # the clock stepped 500 s: the same command line says it is ours
+        103: Seen(2000.00, "eeee"),  # started later, no command line recorded: cannot tell
+        104: Seen(2000.00, "ffff"),  # started later, another command line: the pid was reused (or retitled)
+    }  # 102 has ended
+    assert head.match(recorded, running) == ({100, 101}, {103, 104})
+    assert head.match(recorded, {}) == (set(), set())
     assert head.decode(head.encode(recorded)) == recorded
+    assert head.signature(["/bin/python", "-c", "x"]) == head.signature(["/bin/python", "-c", "x"]) != ""
+    assert head.signature(["/bin/python", "-c", "x"]) != head.signature(["/bin/python", "-c x"])
+    assert head.signature([]) == ""
 
 
 def test_the_state_file_keeps_the_ports_and_the_pids(tmp_path: Path):
     state = tmp_path / "raylocal.env"
     assert head.recorded(state) == {}
-    state.write_text("RAY_PORT=6379\nRAYLOCAL_PIDS=7@12.50,9@13.00\n")
-    assert head.recorded(state) == {7: 12.5, 9: 13.0}
+    state.write_text("RAY_PORT=6379\nRAYLOCAL_PIDS=7@12.50@0a1b2c3d,9@13.00\n")  # 9: written before signatures
+    assert head.recorded(state) == {7: head.Seen(12.5, "0a1b2c3d"), 9: head.Seen(13.0, "")}
 
 
 def test_whose_agent_answers():
@@ -188,16 +206,53 @@ def test_start_fails_in_one_line_and_stops_what_it_started_when_another_process_
     assert _gone(int(pid_file.read_text()))
 
 
+def _sleeper() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+
+
+def test_down_stops_a_recorded_process_whose_start_time_moved_and_keeps_the_record_of_one_it_cannot_confirm(
+    tmp_path: Path,
+):
+    """No Ray: the state file records two live processes with start times 100 s off (a wall-clock step). The one
+    whose command line matches the record is the head's and is stopped; the other is left running, and down
+    keeps the state file, says why and exits 1."""
+    ours, other = _sleeper(), _sleeper()
+    try:
+        recorded = {
+            p.pid: head.Seen(psutil.Process(p.pid).create_time() + 100, sig)
+            for p, sig in ((ours, head.signature(psutil.Process(ours.pid).cmdline())), (other, "0000beef"))
+        }
+        env = {**_head_env(tmp_path), "RAY_PORT": "1"}
+        state = Path(env["RAYLOCAL_STATE"])
+        state.write_text(f"RAY_PORT=1\nRAYLOCAL_PIDS={head.encode(recorded)}\n")
+        assert _run_head("running", str(state)).returncode == 0
+        name = head.label(psutil.Process(ours.pid).cmdline(), "")
+        down = subprocess.run([REPO / "raylocal" / "down"], env=env, capture_output=True, text=True, timeout=60)
+        assert down.returncode == 1, down
+        assert down.stdout == f"ray head on 127.0.0.1:1 stopped: 1 processes: {name} {ours.pid}\n", down.stdout
+        [line] = down.stderr.splitlines()
+        assert line.startswith(f"raylocal/down: pid {other.pid} (") and f"recorded in {state} still runs" in line
+        assert line.endswith(f"kept {state} (delete it once none of its pids is the head's)")
+        assert ours.wait(timeout=30) is not None and not _gone(other.pid) and state.is_file()
+    finally:
+        for p in (ours, other):
+            p.kill()
+            p.wait()
+
+
 def _head_env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "MLFLOW_", "GROWPIPE_"))}
+    """The environment of raylocal scripts run by a test: free ports and a state file of its own."""
+    prefixes = ("RAY_", "RAYLOCAL_", "MLFLOW_", "GROWPIPE_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
     ports = {k: str(_free_port()) for k in ("RAY_PORT", "RAY_DASHBOARD_PORT", "RAY_AGENT_PORT", "RAY_CLIENT_PORT")}
-    return {**env, **ports, "RAY_NUM_CPUS": "1", "GROWPIPE_WORKDIR": str(tmp_path)}
+    state = str(tmp_path / "raylocal.env")
+    return {**env, **ports, "RAY_NUM_CPUS": "1", "GROWPIPE_WORKDIR": str(tmp_path), "RAYLOCAL_STATE": state}
 
 
 def _processes_of(ray_port: str) -> set[int]:
     """Found independently of raylocal's record: the processes that name the head's temp dir or GCS address on
     their command line (GCS, raylet, dashboard, monitors, client server) and their descendants (the agents)."""
-    marks = (f"/tmp/raylocal-{ray_port}/", f"127.0.0.1:{ray_port}")
+    marks = (f"/tmp/raylocal-{ray_port}/", f"127.0.0.1:{ray_port}", f"{ray.util.get_node_ip_address()}:{ray_port}")
     roots = set()
     for p in psutil.process_iter(["cmdline"]):
         if p.pid != os.getpid() and any(m in a for a in p.info["cmdline"] or () for m in marks):
@@ -205,11 +260,21 @@ def _processes_of(ray_port: str) -> set[int]:
     return {q.pid for p in roots for q in [p, *p.children(recursive=True)] if not _gone(q.pid)}
 
 
+def _listening(pids: Iterable[int]) -> dict[int, set[str]]:
+    """The TCP ports the processes `pids` listen on, each with its addresses ("::ffff:" dropped)."""
+    on: dict[int, set[str]] = {}
+    for c in psutil.net_connections("tcp"):
+        if c.status == psutil.CONN_LISTEN and c.pid in pids:
+            on.setdefault(c.laddr.port, set()).add(c.laddr.ip.removeprefix("::ffff:"))
+    return on
+
+
 def test_up_records_every_process_of_the_head_and_down_leaves_none(tmp_path: Path):
     """A real head on free ports: every process of it (client server, dashboard agent, runtime-env agent
-    included) is recorded, all of them listen on 127.0.0.1 only, and after down none runs, while a process that
-    merely mentions the head's temp dir (what `pkill -f` matched before) is left alone."""
+    included) is recorded, the ports we choose listen where raylocal/README.md says, and after down none runs,
+    while a process that merely mentions the head's temp dir (what `pkill -f` matched before) is left alone."""
     env = _head_env(tmp_path)
+    state = Path(env["RAYLOCAL_STATE"])
     up = subprocess.run([REPO / "raylocal" / "up"], env=env, capture_output=True, text=True, timeout=120)
     assert up.returncode == 0, up.stdout + up.stderr  # a failing up stops its head itself
     bystander = subprocess.Popen(
@@ -217,7 +282,7 @@ def test_up_records_every_process_of_the_head_and_down_leaves_none(tmp_path: Pat
     )
     recorded, found = {}, set()
     try:
-        recorded = head.recorded(REPO / "runs" / "raylocal.env")
+        recorded = head.recorded(state)
         found = _processes_of(env["RAY_PORT"]) - {bystander.pid}
         # workers started after up took its record are children of recorded processes (down ends those too)
         covered = head.family({p.pid: p.info["ppid"] for p in psutil.process_iter(["ppid"])}, recorded)
@@ -230,9 +295,13 @@ def test_up_records_every_process_of_the_head_and_down_leaves_none(tmp_path: Pat
             "ray::DashboardAgent",
             "ray::RuntimeEnvAgent",
         } <= labels
-        listening = [c for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN and c.pid in recorded]
-        assert {c.laddr.port for c in listening} >= {int(env[k]) for k in ("RAY_PORT", "RAY_AGENT_PORT")}
-        assert {c.laddr.ip for c in listening} <= {"127.0.0.1", "::ffff:127.0.0.1"}
+        on = _listening(recorded)
+        machine = ray.util.get_node_ip_address()  # the machine's address: the node address Ray picks
+        port = {k: int(env[k]) for k in ("RAY_PORT", "RAY_DASHBOARD_PORT", "RAY_AGENT_PORT", "RAY_CLIENT_PORT")}
+        assert machine != "127.0.0.1" and on[port["RAY_PORT"]] in ({"::"}, {"0.0.0.0"})  # the GCS: all interfaces
+        assert on[port["RAY_DASHBOARD_PORT"]] == {"127.0.0.1"}
+        assert on[port["RAY_AGENT_PORT"]] == on[port["RAY_CLIENT_PORT"]] == {"127.0.0.1", machine}
+        assert set().union(*on.values()) <= {"127.0.0.1", machine, "0.0.0.0", "::"}
     finally:
         down = subprocess.run([REPO / "raylocal" / "down"], env=env, capture_output=True, text=True, timeout=60)
     try:
@@ -241,7 +310,7 @@ def test_up_records_every_process_of_the_head_and_down_leaves_none(tmp_path: Pat
             assert f"{name} " in down.stdout
         assert [p for p in {*recorded, *found} if not _gone(p)] == []
         assert not _gone(bystander.pid)
-        assert not (REPO / "runs" / "raylocal.env").exists()
+        assert not state.exists()
     finally:
         bystander.kill()
         bystander.wait()
@@ -266,5 +335,5 @@ def test_up_fails_in_one_line_and_leaves_nothing_when_something_else_listens_on_
     [line] = up.stderr.splitlines()
     assert f"(RAY_AGENT_PORT) is answered by pid {os.getpid()} (" in line and "on ::1, not by this head's" in line
     assert _processes_of(env["RAY_PORT"]) == set()
-    assert not (REPO / "runs" / "raylocal.env").exists()
+    assert not Path(env["RAYLOCAL_STATE"]).exists()
     shutil.rmtree(f"/tmp/raylocal-{env['RAY_PORT']}", ignore_errors=True)
