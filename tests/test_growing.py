@@ -117,6 +117,7 @@ def test_requests_grow_a_running_job_one_at_a_time_bad_ones_change_nothing_a_fin
     cli_block = re.search(r"run growing: \+layer block (\d) -> \d blocks, stage actor growing/stage\d", ok.stdout)
     assert cli_block, ok.stdout
     assert missing.returncode == 2 and "no run named 'nosuch' on this cluster (running: growing)" in missing.stderr
+    assert f"asked the Ray cluster at {address} (--address {address}): choose another with --address" in missing.stderr
     # one after the other, never both on block 1
     assert sorted([answers[0]["block"], int(cli_block.group(1))]) == [2, 3]
     assert [g["blocks"] for g in result["growth"]] == [3, 4] and result["blocks"] == 4

@@ -26,7 +26,7 @@ def local_head(tmp_path: Path):
     # no RAY_NUM_CPUS: up sizes the head for the demo itself; the job agent's port 52365 is the test session
     # Ray's, so up picks a free one (and submit, status and down find it)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "MLFLOW_", "GROWPIPE_"))}
-    env.update(ports, GROWPIPE_WORKDIR=str(tmp_path))
+    env.update(ports, GROWPIPE_WORKDIR=str(tmp_path), RAYLOCAL_STATE=str(tmp_path / "raylocal.env"))
     holder = socket.socket()
     with contextlib.suppress(OSError):  # make sure the default agent port is taken (a session Ray may hold it)
         holder.bind(("127.0.0.1", 52365))
