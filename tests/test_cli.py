@@ -121,6 +121,7 @@ def test_help_lists_commands_and_the_python_api_trains(capsys, tmp_path: Path, m
         main(["--version"])
     assert capsys.readouterr().out.strip() == f"growpipe {growpipe.__version__}" != "growpipe 0+unknown"
     monkeypatch.chdir(tmp_path)  # a run's relative paths (checkpoints) land here
+    monkeypatch.delenv("GROWPIPE_WORKDIR")  # (the tests' own folder for them, see conftest)
     run = growpipe.train({"train": {"epochs": 1}, "tracking": {"mlflow": False}}, runtime="local", progress=None)
     assert run.net.depth == 2 and run.result["epochs"] == 1 and run.result["runtime"] == "local"
     assert (tmp_path / "runs" / "checkpoints" / run.result["config"]["name"]).is_dir()

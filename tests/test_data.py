@@ -309,9 +309,9 @@ def test_a_column_of_images_named_as_the_text_column_is_refused(tmp_path: Path):
         ({"mean": [0.5, 0.5], "std": [1, float("inf")]}, "std[1] is inf; each std must be a finite number > 0"),
         ({"mean": [float("nan")], "std": [1]}, "mean[0] is nan; each mean must be a finite number (one per channel)"),
         ({"mean": [0.5, 1], "std": [1]}, "mean has 2 entries and std 1; give one of each per channel"),
-        ({"mean": [0.5], "std": [1], "scale": 2}, "scale: unknown field; give mean and std only"),
-        ({"mean": [0.5]}, "std: Field required"),
-        ("standard", "got 'standard'; give train, none or {mean: [...], std: [...]}"),
+        ({"mean": [0.5], "std": [1], "scale": 2}, ".scale: unknown field; check the spelling"),
+        ({"mean": [0.5]}, ".std: Field required"),
+        ("standard", "got 'standard'; input should be 'train' or 'none'"),
     ],
 )
 def test_given_normalisation_statistics_that_are_not_finite_or_zero_name_the_sub_field(given, line):
@@ -321,7 +321,8 @@ def test_given_normalisation_statistics_that_are_not_finite_or_zero_name_the_sub
     with pytest.raises(ConfigError) as e:  # one problem, not one per member of the union under pydantic's names
         build_config({"data": {"normalize": given}})
     lines = str(e.value).splitlines()
-    assert lines[0].endswith("1 problem(s)") and lines[1].startswith(f"  data.normalize: {line}") and len(lines) == 2
+    field = "data.normalize" if line.startswith(".") else "data.normalize: "
+    assert lines[0].endswith("1 problem(s)") and lines[1].startswith(f"  {field}{line}") and len(lines) == 2
     ok = build_config({"data": {"normalize": {"mean": [0.5], "std": [0.25]}}}).data.normalize
     assert (ok.mean, ok.std) == ([0.5], [0.25]) and build_config(
         {"data": {"normalize": "none"}}
