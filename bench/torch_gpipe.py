@@ -131,7 +131,8 @@ def train_torch_gpipe(cfg: RunConfig, stages: int, micro_batches: int = 4) -> di
     keys the comparison reads from growpipe's summaries (history, test_accuracy, samples_per_second)."""
     import torch.multiprocessing as mp
 
-    from growpipe.evaluation import evaluate_states
+    from growpipe.evaluation import evaluate_net
+    from growpipe.nn.net import GrowableNet
     from growpipe.report import epoch_row, summarize
 
     if cfg.method != "bp":
@@ -157,7 +158,7 @@ def train_torch_gpipe(cfg: RunConfig, stages: int, micro_batches: int = 4) -> di
                     prefix = f"blocks.{j}."
                     mods = {k[len(prefix) :]: v for k, v in sd.items() if k.startswith(prefix)}
                     states.append({"modules": mods, "optimizers": {}, "frozen": False, "steps": 0})
-            ev = evaluate_states(cfg, bundle, info, topology, states)
+            ev = evaluate_net(GrowableNet.from_states(cfg.rule(), info, topology, states), bundle, cfg.eval)
             k = cfg.net.blocks
             history.append(epoch_row(epoch, cfg, k, k, {}, ev, n, sec))
     assert ev is not None

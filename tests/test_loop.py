@@ -88,6 +88,10 @@ class FakeEngine:
         return {"full_accuracy": 0.5, "exit_depths": list(range(1, k + 1)), "exit_accuracy": [0.5] * k,
                 "macs_per_exit": [1] * k, "adaptive": [], "confidence": "max_prob", "val_accuracy": None}  # fmt: skip
 
+    def measure_early_exit(self, threshold):
+        self.calls.append(("early_exit", threshold))
+        return {"threshold": threshold, "accuracy": 0.5}
+
     def checksums(self):
         return {i: f"sum{i}" for i in range(self.depth)}
 

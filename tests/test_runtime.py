@@ -43,9 +43,11 @@ def _assert_same_weights(net_a, net_b, atol=0.0):
 @pytest.mark.parametrize(
     ("method", "window", "read"), [("al", 4, "disk"), ("scpl", 1, "memory"), ("dascpl", 4, "disk")]
 )
-def test_pipeline_matches_reference_trainer(method, window, read, digits_on_disk):
+def test_pipeline_matches_reference_trainer(method, window, read, digits_on_disk, monkeypatch):
     """Every rule, each window mode (one packet in flight, several) and each reader (memory, disk); at most
-    `window` packets in flight between two stages."""
+    `window` packets in flight between two stages. The evaluation streams through the stages (no actor builds
+    a block it was not given) and reports what the reference trainer's does, early exit included."""
+    monkeypatch.setenv("GROWPIPE_OWN_BLOCKS_ONLY", "1")
     disk = {"name": digits_on_disk, "image_shape": [1, 8, 8], "stream": True}
     cfg = _small(method, window, **({"data": disk} if read == "disk" else {}))
     reference = train_local(cfg, progress=None)
@@ -53,7 +55,14 @@ def test_pipeline_matches_reference_trainer(method, window, read, digits_on_disk
         result = p.train(progress=None)
         net = p.final_net()
     _assert_same_weights(reference.net, net, atol=1e-6)
-    assert result["test_accuracy"] == pytest.approx(reference.summary()["test_accuracy"], abs=1e-6)
+    ref = reference.summary()
+    assert result["test_accuracy"] == pytest.approx(ref["test_accuracy"], abs=1e-6)
+    assert result["exit_accuracy"] == pytest.approx(ref["exit_accuracy"], abs=1e-6)
+    assert [r["accuracy"] for r in result["adaptive"]] == pytest.approx([r["accuracy"] for r in ref["adaptive"]])
+    early, ref_early = result["early_exit"], ref["early_exit"]
+    assert (early["threshold"], early["accuracy"], early["mean_depth"]) == pytest.approx(
+        (ref_early["threshold"], ref_early["accuracy"], ref_early["mean_depth"]))  # fmt: skip
+    assert early["seconds_per_sample"] > 0 and early["full_path_seconds_per_sample"] > 0
     assert result["runtime"] == "ray" and len(result["stages"]) == 2
     assert 1 <= result["stages"][0]["max_inflight"] <= window and result["stages"][-1]["max_inflight"] == 0
 

@@ -65,7 +65,7 @@ def train(
     from growpipe.runtime.pipeline import Pipeline
 
     with Pipeline(cfg, address, resume=resume) as p:
-        result = p.train(progress, bar=bar)
+        result = p.train(progress, bar=bar, keep_net=keep_net)
         return RunResult(result, p.final_net() if keep_net else None)
 
 
@@ -90,7 +90,7 @@ def evaluate(checkpoint: str | Path, overrides: list[str] | None = None) -> dict
     from growpipe.evaluation import evaluate_net, load_for_evaluation
 
     net, bundle, cfg = load_for_evaluation(checkpoint, overrides)
-    ev = evaluate_net(net, bundle, cfg.eval)
+    ev = evaluate_net(net, bundle, cfg.eval, early_exit=True)
     ev.update(method=cfg.method, dataset=cfg.data.name, blocks=net.depth)
     return ev
 

@@ -452,6 +452,11 @@ class EvalSpec(_Strict):
     """Confidence thresholds of adaptive inference: a sample leaves at the first exit this confident."""
     confidence: Literal["max_prob", "entropy"] = "max_prob"
     """max_prob: highest softmax probability; entropy: 1 - normalised entropy."""
+    exit_threshold: float | None = Field(None, ge=0.0, le=1.0)
+    """The threshold real early exit runs at when a run ends and in growpipe evaluate (a sample that
+    confident leaves, the blocks above never compute it; its measured time per sample is reported beside
+    the full path's); default: the lowest of `thresholds` whose accuracy is within 0.5 point of the full
+    path's."""
 
     @field_validator("thresholds")
     @classmethod

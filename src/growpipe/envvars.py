@@ -63,6 +63,16 @@ def hold_at() -> tuple[int, int, str] | None:
     return int(epoch), int(batch), path
 
 
+GROWPIPE_OWN_BLOCKS_ONLY = "GROWPIPE_OWN_BLOCKS_ONLY"
+"""A guard for tests: "1" makes every stage actor fail (StageError) the moment it builds a block it was not
+given, which any gathering of the net into one actor would (a block may be as big as its worker)."""
+
+
+def own_blocks_only() -> bool:
+    """Whether GROWPIPE_OWN_BLOCKS_ONLY is on."""
+    return os.environ.get(GROWPIPE_OWN_BLOCKS_ONLY, "") not in ("", "0")
+
+
 GROWPIPE_STEP_DELAY_MS = "GROWPIPE_STEP_DELAY_MS"
 """Slows every stage's train step by this many milliseconds: for tests and demos of growing a running job
 (a tiny model's epochs are otherwise over before a new stage actor has started)."""

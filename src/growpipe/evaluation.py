@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import math
+import time
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from growpipe.config import EvalSpec, RunConfig, apply_overrides, build_config
 from growpipe.data import DataBundle, iterate_batches, load_data
 from growpipe.errors import ConfigError
-from growpipe.nn.inference import ExitPredictions, collect_exits, evaluate_exits
+from growpipe.nn.inference import (
+    Exited,
+    ExitPredictions,
+    chosen_threshold,
+    collect_exits,
+    early_exit_report,
+    evaluate_exits,
+)
 from growpipe.nn.net import GrowableNet
 
 EVAL_BATCH = 512
@@ -55,27 +66,36 @@ def split_predictions(net: GrowableNet, bundle: DataBundle, split: str = "test")
     return collect_exits(net, iterate_batches(data, EVAL_BATCH, shuffle=False, side_groups=net.side_groups()))
 
 
-def evaluate_states(
-    cfg: RunConfig,
-    bundle: DataBundle,
-    info: Any,
-    topology: list[dict[str, Any]],
-    states: list[dict[str, Any]],
-    device: Any = "cpu",
-) -> dict[str, Any]:
-    """Rebuild a net from its topology and every block's state (as the stage actors hold them) and
-    evaluate it like evaluate_net."""
-    net = GrowableNet.from_states(cfg.rule(), info, topology, list(states), device)
-    return evaluate_net(net, bundle, cfg.eval)
-
-
-def evaluate_net(net: GrowableNet, bundle: DataBundle, spec: EvalSpec) -> dict[str, Any]:
+def evaluate_net(net: GrowableNet, bundle: DataBundle, spec: EvalSpec, early_exit: bool = False) -> dict[str, Any]:
     """Per-exit and adaptive evaluation on the test split, plus full-path `val_accuracy` when there is a
-    validation split (None otherwise)."""
+    validation split (None otherwise); with `early_exit`, also real early exit at the chosen threshold
+    (`early_exit`: its accuracy and measured seconds per sample against the full path's)."""
     preds = split_predictions(net, bundle, "test")
     ev = evaluate_exits(preds, spec.thresholds, spec.confidence, net.exit_costs())
     ev["val_accuracy"] = None
     if bundle.val is not None:
         val = split_predictions(net, bundle, "val")
         ev["val_accuracy"] = val.accuracy(val.depths[-1])
+    if early_exit:
+        ev["early_exit"] = measure_early_exit(net, bundle, spec, chosen_threshold(ev, spec.exit_threshold))
     return ev
+
+
+def measure_early_exit(net: GrowableNet, bundle: DataBundle, spec: EvalSpec, threshold: float) -> dict[str, Any]:
+    """Real early exit on the test split at `threshold` in this process, timed against the full path (each
+    the best of two passes: the first pays for warm-up)."""
+    batches = list(iterate_batches(bundle.test, EVAL_BATCH, shuffle=False, side_groups=net.side_groups()))
+    for i, p in enumerate(batches):
+        p.rows = torch.arange(i * EVAL_BATCH, i * EVAL_BATCH + p.batch_size)
+
+    def timed(th: float | None) -> tuple[Exited, float]:
+        best, out = math.inf, None
+        for _ in range(2):
+            start = time.perf_counter()
+            out = Exited.cat([net.early_exit(p, th, spec.confidence) for p in batches])
+            best = min(best, time.perf_counter() - start)
+        return out, best  # type: ignore[return-value]
+
+    early, seconds = timed(threshold)
+    _, full_seconds = timed(None)
+    return early_exit_report(threshold, early, bundle.test.y, seconds, full_seconds, net.exit_costs())

@@ -19,7 +19,7 @@ from growpipe.checkpoint import CheckpointStore, block_file
 from growpipe.config import RunConfig
 from growpipe.data import DataBundle, iterate_batches, load_data
 from growpipe.device import resolve_device, set_cpu_threads
-from growpipe.evaluation import evaluate_net
+from growpipe.evaluation import evaluate_net, measure_early_exit
 from growpipe.loop.engine import EpochPart, Poll, Prepared
 from growpipe.loop.loop import RunLoop, RunResult
 from growpipe.loop.stats import StageStats
@@ -107,6 +107,9 @@ class LocalEngine:
     def evaluate(self) -> dict[str, Any]:
         assert self.bundle is not None
         return evaluate_net(self._net(), self.bundle, self.cfg.eval)
+
+    def measure_early_exit(self, threshold: float) -> dict[str, Any]:
+        return measure_early_exit(self._net(), self.bundle, self.cfg.eval, threshold)
 
     def checksums(self) -> dict[int, str]:
         return {b.index: b.checksum() for b in self._net().blocks}

@@ -46,6 +46,7 @@ def summarize(
         "macs_per_exit": ev["macs_per_exit"],
         "adaptive": ev["adaptive"],
         "confidence": ev["confidence"],
+        "early_exit": ev.get("early_exit"),
         "train_seconds": round(train_seconds, 3),
         "samples_per_second": round(samples_seen / train_seconds, 1) if train_seconds else 0.0,
         "seconds_per_epoch": round(train_seconds / max(len(history), 1), 3),
@@ -91,6 +92,13 @@ def format_exits(ev: dict[str, Any]) -> str:
                 f"  {r['threshold']:>29.2f}  {r['accuracy']:8.4f}  {r['mean_depth']:10.2f}  "
                 f"{100 * r['macs_saved_fraction']:9.1f}%"
             )
+    if e := ev.get("early_exit"):
+        lines.append(
+            f"  early exit at {e['threshold']:.2f} (measured, samples leave): accuracy {e['accuracy']:.4f}, mean depth "
+            f"{e['mean_depth']:.2f}, {1e6 * e['seconds_per_sample']:.1f} us/sample vs "
+            f"{1e6 * e['full_path_seconds_per_sample']:.1f} full path ({100 * e['time_saved_fraction']:.1f}% time "
+            f"saved, {100 * e['macs_saved_fraction']:.1f}% MACs)"
+        )
     return "\n".join(lines)
 
 

@@ -36,7 +36,7 @@ class GrowpipeModel(mlflow.pyfunc.PythonModel):
         import torch
 
         from growpipe.data.moments import standardise
-        from growpipe.nn.inference import adaptive_exit, collect_exits, confidence
+        from growpipe.nn.inference import Exited
         from growpipe.nn.packet import Packet
 
         params = params or {}
@@ -47,13 +47,14 @@ class GrowpipeModel(mlflow.pyfunc.PythonModel):
         x = torch.as_tensor(x.reshape(-1, *info.shape), dtype=torch.long if info.dtype == "long" else torch.float32)
         if info.normalize:
             x = standardise(x, info.normalize, 1)
-        zeros = torch.zeros(len(x), dtype=torch.long)
-        batches = (Packet(x=x[i : i + BATCH], y=zeros[i : i + BATCH]) for i in range(0, len(x), BATCH))
-        preds = collect_exits(self.net, batches)
-        cls, taken = adaptive_exit(preds, threshold, kind)
-        depths = torch.tensor(preds.depths)[taken]
-        conf = torch.stack([confidence(preds.probs[d], kind) for d in preds.depths], 1).gather(1, taken[:, None])
-        return pd.DataFrame({"prediction": cls.numpy(), "exit_depth": depths.numpy(), "confidence": conf[:, 0].numpy()})
+        # real early exit: a sample that confident at an exit leaves there, the blocks above never compute it
+        full_path = threshold >= 1.0  # (a saturated softmax reaches 1.0: the default must mean the full path)
+        rows = torch.arange(len(x))
+        parts = [self.net.early_exit(Packet(x=x[i : i + BATCH], rows=rows[i : i + BATCH]), None if full_path
+                                     else threshold, kind) for i in range(0, len(x), BATCH)]  # fmt: skip
+        out = Exited.cat(parts)
+        return pd.DataFrame({"prediction": out.prediction.numpy(), "exit_depth": out.depth.numpy(),
+                             "confidence": out.confidence.numpy()})  # fmt: skip
 
 
 def save_model(path: str | Path, checkpoint: str | Path, net: Any) -> Path:

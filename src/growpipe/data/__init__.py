@@ -7,7 +7,7 @@ from functools import partial
 
 from growpipe.config import DataSpec
 from growpipe.data.augment import Augment
-from growpipe.data.bundle import DataBundle, Split, apply_feature_groups, hold_out, iterate_batches, limit
+from growpipe.data.bundle import DataBundle, Split, apply_feature_groups, batch_at, hold_out, iterate_batches, limit
 from growpipe.data.moments import normalise
 from growpipe.data.sources import (
     load_cifar,
@@ -59,4 +59,4 @@ def load_data(spec: DataSpec, seed: int = 0) -> DataBundle:
     return bundle
 
 
-__all__ = ["DataBundle", "Split", "iterate_batches", "load_data", "REGISTRY", "PREFIXES"]
+__all__ = ["DataBundle", "Split", "batch_at", "iterate_batches", "load_data", "REGISTRY", "PREFIXES"]

@@ -52,12 +52,17 @@ class Split:
         return self._augmented(x, idx, epoch)
 
     def batch(self, idx: torch.Tensor, epoch: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Inputs and labels of samples `idx` for training; a split read from disk with data.skip_bad_files
+        """Inputs and labels of samples `idx` for training (see `read`)."""
+        x, y, _ = self.read(idx, epoch)
+        return x, y
+
+    def read(self, idx: torch.Tensor, epoch: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Inputs, labels and which samples they are of `idx`: a split read from disk with data.skip_bad_files
         leaves out the rows whose files no longer decode (else the first one stops the run, named)."""
         if not (self.streamed and self.x.spec.skip_bad_files):
-            return self.inputs(idx, epoch), self.y[idx]
+            return self.inputs(idx, epoch), self.y[idx], idx
         x, idx = self.x.tensor_skipping(idx)
-        return self._augmented(x, idx, epoch), self.y[idx]
+        return self._augmented(x, idx, epoch), self.y[idx], idx
 
     def _augmented(self, x: torch.Tensor, idx: torch.Tensor, epoch: int | None) -> torch.Tensor:
         return self.augment(x, idx, epoch) if self.augment is not None and epoch is not None else x
@@ -289,3 +294,9 @@ def iterate_batches(
         return
     workers = split.x.spec.read_workers  # decode the next batches while this one trains
     yield from prefetch(order, packet, workers, ahead=2 * max(workers, 1))
+
+
+def batch_at(split: Split, batch_size: int, b: int, side_groups: tuple[str, ...] | list[str] = ()) -> Packet:
+    """Batch `b` of `split` in its own order, not augmented (evaluation), with each sample's row in the split."""
+    x, y, idx = split.read(torch.arange(b * batch_size, min(len(split), (b + 1) * batch_size)))
+    return Packet(x=x, y=y, side={g: split.side[g][idx] for g in side_groups}, index=b, rows=idx)

@@ -27,6 +27,7 @@ from growpipe.loop.orders import GrowOrder, check_input_size
 from growpipe.loop.policies import CheckpointTiming, Raise, decide_failure, grow_refusal, learned_nothing
 from growpipe.loop.states import Caching, Errored, Finished, Growing, Restoring, Starting, State, Training
 from growpipe.loop.stats import StageStats, merge_by_stage
+from growpipe.nn.inference import chosen_threshold
 from growpipe.nn.net import GrowableNet, plan_blocks, plan_growth_block
 from growpipe.nn.specs import BlockSpec, InputInfo
 from growpipe.report import epoch_row, summarize
@@ -108,6 +109,9 @@ class RunLoop:
         self._lock = threading.Lock()
         self.topology = Topology(cfg, engine, self.callbacks, self.say, lambda: self.stop_reason is not None)
         self._epoch_open = False  # between an epoch's start and its line: a progress bar may be drawn
+        self.keep_net = True
+        """Gather the trained net's weights at the end (final_net / final): off when nobody asks for the
+        whole net (a block may be as big as its worker)."""
 
     # ---- the state machine ----------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -487,7 +491,8 @@ class RunLoop:
 
     # ---- the end --------------------------------------------------------------------------------------
     def _finish(self) -> State:
-        ev = self.last_eval or self.engine.evaluate()
+        ev = dict(self.last_eval or self.engine.evaluate())
+        ev["early_exit"] = self.engine.measure_early_exit(chosen_threshold(ev, self.cfg.eval.exit_threshold))
         summary = summarize(self.cfg, len(self.specs), self.history, self.growth, ev, self.train_seconds,
                             self.samples)  # fmt: skip
         summary["runtime"] = self.engine.name
@@ -502,10 +507,12 @@ class RunLoop:
         summary["restarts"] = self.restarts
         summary["topology_changes"] = self.topology.changes
         summary["checkpoints"] = self.store.root if self.store else None
-        self.final_states = self.engine.final_states() if self.engine.net is None else None
+        wanting = [cb for cb in self.callbacks if wants_final_net(cb)]
+        if self.engine.net is None and (self.keep_net or wanting):  # a whole net only where one is asked for
+            self.final_states = self.engine.final_states()
         self.result = summary
         notify(self.callbacks, "on_finish", summary, say=self.say)
-        if wanting := [cb for cb in self.callbacks if wants_final_net(cb)]:
+        if wanting:
             notify(wanting, "on_final_net", self.final_net(), summary, say=self.say)
         return Finished()
 
@@ -520,8 +527,9 @@ class RunLoop:
         return self.net
 
     def final(self) -> dict[str, Any] | None:
-        """After FINISHED: the topology, the input description and every block's state."""
-        if self.result is None:
+        """After FINISHED: the topology, the input description and every block's state (None when the run
+        did not finish, or was run without keep_net)."""
+        if self.result is None or (self.final_states is None and self.engine.net is None):
             return None
         states = self.final_states if self.final_states is not None else self.final_net().state_dict()["blocks"]
         return {"topology": [s.to_dict() for s in self.specs], "info": self.info, "states": states}

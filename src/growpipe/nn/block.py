@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -59,6 +59,11 @@ def seeded(seed: int) -> Iterator[None]:
         yield
 
 
+BUILD_HOOK: Callable[[int], None] | None = None
+"""Called with the index of every block built in this process: a stage actor's guard that it builds (and so
+holds) no block but its own (GROWPIPE_OWN_BLOCKS_ONLY, see growpipe.runtime.stage_base)."""
+
+
 class Block:
     """Base class: holds the encoder `f`, the rule's heads, and one optimizer per independent part.
 
@@ -68,6 +73,8 @@ class Block:
     exit_decodes = False
 
     def __init__(self, spec: BlockSpec, info: InputInfo, rule: RuleSettings):
+        if BUILD_HOOK is not None:
+            BUILD_HOOK(spec.index)
         self.spec = spec
         self.info = info
         self.seed = rule.seed
@@ -80,6 +87,7 @@ class Block:
         self.optimizers: dict[str, torch.optim.Optimizer] = {}
         self.frozen = False
         self.device = torch.device("cpu")
+        self._costs: tuple[int, int, int, int, bool, bool] | None = None
 
     # ---- construction helpers ---------------------------------------------------------------------
     def _head_dim(self) -> int:
@@ -155,6 +163,11 @@ class Block:
     def decode(self, code: torch.Tensor) -> torch.Tensor:
         """Map a code from this block's label space to the one below (AL)."""
         raise NotImplementedError(f"{type(self).__name__} has no decoder")
+
+    def decoder(self) -> nn.Module | None:
+        """The module `decode` runs (AL's label-side h: code_dim wide, whatever the block's width), for the
+        stages above that read exits through it; None for rules whose exits give logits directly."""
+        return None
 
     @property
     def has_exit(self) -> bool:
@@ -234,3 +247,11 @@ class Block:
     def decode_macs(self) -> int:
         """MACs per sample of `decode` (0 for rules whose exits give logits directly)."""
         return 0
+
+    def cost_parts(self) -> tuple[int, int, int, int, bool, bool]:
+        """(index, encoder MACs, exit-head MACs, decoder MACs, has an exit, its exit decodes) per sample:
+        what growpipe.nn.inference.exit_costs adds up (counted once, by a forward with hooks)."""
+        if self._costs is None:
+            self._costs = (self.index, self.encoder_macs(), self.exit_macs(), self.decode_macs(), self.has_exit,
+                           self.exit_decodes)  # fmt: skip
+        return self._costs

@@ -1,15 +1,90 @@
-"""Exit read-out and adaptive (early-exit) inference, computed once from stored per-exit predictions."""
+"""Exit read-out and adaptive (early-exit) inference: the accounting of every threshold from one pass that
+computes every exit (stored per-exit predictions), and real early exit, where a sample that is confident at
+an exit leaves and the blocks after it never see it (`EarlyExit`). The same code runs in one process
+(GrowableNet) and spread over stage actors (each runs its own blocks and passes on the undecided rows)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from growpipe.nn.packet import Packet
+
+Decode = Callable[[torch.Tensor], torch.Tensor]
+
+
+def exit_probs(block: Any, out: Packet, decoders: Sequence[Decode]) -> torch.Tensor | None:
+    """Class probabilities at `block`'s exit from its output packet `out` (None: no exit at this depth). An
+    exit in a label-code space (AL) is decoded by `decoders`: the decoders of the blocks below it, the
+    nearest first."""
+    if not block.has_exit:
+        return None
+    z = block.exit(out)
+    if block.exit_decodes:
+        for decode in decoders:
+            z = decode(z)
+    return torch.softmax(z.float(), 1)
+
+
+@dataclass
+class Exited:
+    """Samples that have left: their row in the split, predicted class, exit depth (1-based) and confidence."""
+
+    rows: torch.Tensor
+    prediction: torch.Tensor
+    depth: torch.Tensor
+    confidence: torch.Tensor
+
+    @staticmethod
+    def cat(parts: Sequence[Exited]) -> Exited:
+        """Parts from several exits (or stages) as one, ordered by row."""
+        rows = torch.cat([p.rows for p in parts]) if parts else torch.zeros(0, dtype=torch.long)
+        order = rows.argsort()
+
+        def join(name: str, dtype: torch.dtype) -> torch.Tensor:
+            return torch.cat([getattr(p, name) for p in parts])[order] if parts else torch.zeros(0, dtype=dtype)
+
+        return Exited(rows[order], join("prediction", torch.long), join("depth", torch.long),
+                      join("confidence", torch.float32))  # fmt: skip
+
+
+class EarlyExit:
+    """Real early exit: at each exit the samples at least `threshold` confident leave (every one left at
+    `last_depth`, none before it when `threshold` is None: the full path); `take` returns the others, the only
+    rows the next blocks compute."""
+
+    def __init__(self, threshold: float | None, kind: str, last_depth: int):
+        if threshold is not None:
+            check_threshold(threshold)
+        self.threshold, self.kind, self.last_depth = threshold, kind, last_depth
+        self.parts: list[Exited] = []
+
+    def take(self, depth: int, probs: torch.Tensor, p: Packet, rows: torch.Tensor) -> Packet | None:
+        """Record the samples of `p` (split rows `rows`) that leave at exit `depth`; the rest, or None."""
+        conf = confidence(probs, self.kind)
+        if depth >= self.last_depth:
+            leave = torch.ones_like(conf, dtype=torch.bool)
+        elif self.threshold is None:
+            leave = torch.zeros_like(conf, dtype=torch.bool)
+        else:
+            leave = conf >= self.threshold
+        if leave.any():
+            cut = leave.cpu()
+            depths = torch.full((int(cut.sum()),), depth, dtype=torch.long)
+            self.parts.append(Exited(rows[cut], probs.argmax(1).cpu()[cut], depths, conf.cpu()[cut]))
+        if leave.all():
+            return None
+        rest = p.select(~leave)
+        rest.rows = rows[~leave.cpu()]
+        return rest
+
+    def result(self) -> Exited:
+        """Every sample recorded so far, ordered by row."""
+        return Exited.cat(self.parts)
 
 
 @dataclass
@@ -80,11 +155,7 @@ def evaluate_exits(
     depths = preds.depths
     full = depths[-1]
     macs_exit = [costs[d][0] + costs[d][1] for d in depths]
-    adaptive_cost = []
-    heads_so_far = 0
-    for d in depths:
-        heads_so_far += costs[d][1]
-        adaptive_cost.append(costs[d][0] + heads_so_far)
+    adaptive_cost = list(adaptive_costs(costs).values())
     full_macs = macs_exit[-1]
     rows = []
     for th in thresholds:
@@ -108,4 +179,56 @@ def evaluate_exits(
         "macs_per_exit": macs_exit,
         "confidence": kind,
         "adaptive": rows,
+    }
+
+
+def adaptive_costs(costs: dict[int, tuple[int, int]]) -> dict[int, int]:
+    """MACs per sample of a sample that leaves at each exit depth: the encoders up to it and every exit head
+    consulted on the way (`costs[d]`: encoder MACs up to d, exit-head MACs at d)."""
+    out, heads = {}, 0
+    for d in sorted(costs):
+        heads += costs[d][1]
+        out[d] = costs[d][0] + heads
+    return out
+
+
+def exit_costs(blocks: Sequence[tuple[int, int, int, int, bool, bool]]) -> dict[int, tuple[int, int]]:
+    """Per exit depth: (MACs per sample of the encoders up to it, MACs of its head with the decoders below)
+    from each block's (index, encoder MACs, exit-head MACs, decoder MACs, has exit, exit decodes)."""
+    out = {}
+    for index, _, exit_macs, _, has_exit, decodes in sorted(blocks):
+        if has_exit:
+            encoders = sum(b[1] for b in blocks if b[0] <= index)
+            decoders = sum(b[3] for b in blocks if b[0] < index) if decodes else 0
+            out[index + 1] = (encoders, exit_macs + decoders)
+    return out
+
+
+def chosen_threshold(ev: dict[str, Any], given: float | None, within: float = 0.005) -> float:
+    """The threshold real early exit is measured at: `given` (eval.exit_threshold), else the lowest of the
+    table's thresholds whose accuracy is within `within` of the full path's, else the highest one."""
+    if given is not None or not ev["adaptive"]:
+        return given if given is not None else 1.0
+    rows = sorted(ev["adaptive"], key=lambda r: r["threshold"])
+    good = [r["threshold"] for r in rows if r["accuracy"] >= ev["full_accuracy"] - within]
+    return good[0] if good else rows[-1]["threshold"]
+
+
+def early_exit_report(threshold: float, early: Exited, labels: torch.Tensor, seconds: float, full_seconds: float,
+                      costs: dict[int, tuple[int, int]]) -> dict[str, Any]:  # fmt: skip
+    """What real early exit did at `threshold`: accuracy, mean exit depth, measured seconds per sample against
+    the full path's, and the MACs per sample its exits cost (the accounting's figure for the same exits)."""
+    n = max(len(labels), 1)
+    cost = adaptive_costs(costs)
+    full_macs = cost[max(cost)]
+    macs = float(sum(cost[int(d)] for d in early.depth)) / n
+    per, full_per = seconds / n, full_seconds / n
+    return {
+        "threshold": threshold,
+        "accuracy": float((early.prediction == labels).float().mean()),
+        "mean_depth": float(early.depth.float().mean()),
+        "seconds_per_sample": per,
+        "full_path_seconds_per_sample": full_per,
+        "time_saved_fraction": 1.0 - per / full_per if full_per > 0 else 0.0,
+        "macs_saved_fraction": 1.0 - macs / full_macs if full_macs else 0.0,
     }

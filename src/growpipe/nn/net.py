@@ -11,6 +11,7 @@ from growpipe.errors import ShapeError
 from growpipe.nn.backbones import FEATURE_FAMILIES, growth_encoder, output_shape, plan_encoders
 from growpipe.nn.block import Block
 from growpipe.nn.guard import SKIPPED
+from growpipe.nn.inference import Decode, EarlyExit, Exited, exit_costs, exit_probs
 from growpipe.nn.methods import RULES, build_block
 from growpipe.nn.methods.bp import train_chain
 from growpipe.nn.packet import Packet
@@ -156,9 +157,31 @@ class GrowableNet:
     def _to_logits(self, block: Block, out: Packet) -> torch.Tensor:
         z = block.exit(out)
         if block.exit_decodes:
-            for lower in reversed(self.blocks[: block.index]):
-                z = lower.decode(z)
+            for decode in self.decoders_below(block.index):
+                z = decode(z)
         return z
+
+    def decoders_below(self, index: int) -> list[Decode]:
+        """The decoders of the blocks under block `index`, the nearest first (an AL exit is decoded by them)."""
+        return [b.decode for b in reversed(self.blocks[:index])]
+
+    @torch.no_grad()
+    def early_exit(self, p: Packet, threshold: float | None, kind: str = "max_prob") -> Exited:
+        """Adaptive inference that stops computing: a sample `threshold` confident at an exit leaves there and
+        the blocks above never see it (threshold None: the full path). Rows are p.rows, else 0..n-1."""
+        p = p.to(self.device)
+        rows = p.rows if p.rows is not None else torch.arange(p.batch_size)
+        exits = EarlyExit(threshold, kind, self.exit_depths()[-1])
+        for b in self.blocks:
+            p = b.forward(p)
+            probs = exit_probs(b, p, self.decoders_below(b.index))
+            if probs is None:
+                continue
+            rest = exits.take(b.index + 1, probs, p, rows)
+            if rest is None:
+                break
+            p, rows = rest, rest.rows  # type: ignore[assignment]
+        return exits.result()
 
     @torch.no_grad()
     def predict(
@@ -172,15 +195,7 @@ class GrowableNet:
 
     def exit_costs(self) -> dict[int, tuple[int, int]]:
         """Per exit depth: (MACs per sample of the encoders up to it, MACs of its head incl. decoders below)."""
-        enc = [b.encoder_macs() for b in self.blocks]
-        dec = [b.decode_macs() for b in self.blocks]
-        out = {}
-        for b in self.blocks:
-            if b.has_exit:
-                k = b.index
-                head = b.exit_macs() + (sum(dec[:k]) if b.exit_decodes else 0)
-                out[k + 1] = (sum(enc[: k + 1]), head)
-        return out
+        return exit_costs([b.cost_parts() for b in self.blocks])
 
     # ---- state ---------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

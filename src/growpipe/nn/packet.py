@@ -16,7 +16,8 @@ class Packet:
     """A micro-batch between blocks: only tensors (and the batch index) cross block or actor boundaries.
 
     x: the features (block input, then each block's output); y: class labels; t: AL's label code;
-    mask: token mask for text (True where a real token is); side: named side-feature groups.
+    mask: token mask for text (True where a real token is); side: named side-feature groups; rows: which
+    samples of the split the rows are (inference with early exit passes on only the undecided ones).
     """
 
     x: torch.Tensor
@@ -25,6 +26,7 @@ class Packet:
     mask: torch.Tensor | None = None
     side: dict[str, torch.Tensor] = field(default_factory=dict)
     index: int = 0
+    rows: torch.Tensor | None = None
 
     def to(self, device: torch.device | str) -> Packet:
         """A copy with every tensor on `device`."""
@@ -39,7 +41,18 @@ class Packet:
             mask=mv(self.mask),
             side={k: v.to(device, non_blocking=True) for k, v in self.side.items()},
             index=self.index,
+            rows=self.rows,
         )
+
+    def select(self, keep: torch.Tensor) -> Packet:
+        """The rows where boolean `keep` is True (every per-sample tensor cut alike)."""
+
+        def cut(v: torch.Tensor | None) -> torch.Tensor | None:
+            return None if v is None else v[keep.to(v.device)]
+
+        return Packet(x=cut(self.x), y=cut(self.y), t=cut(self.t), mask=cut(self.mask),  # type: ignore[arg-type]
+                      side={k: cut(v) for k, v in self.side.items()}, index=self.index,  # type: ignore[misc]
+                      rows=cut(self.rows))  # fmt: skip
 
     def detached(self) -> Packet:
         """A copy whose tensors carry no autograd history."""
@@ -65,6 +78,7 @@ class Packet:
                 _to_wire(self.mask),
                 {k: _to_wire(v) for k, v in self.side.items()},
                 self.index,
+                _to_wire(self.rows),
             ),
         )
 
@@ -82,7 +96,8 @@ def _from_wire(v: Any) -> torch.Tensor | None:
     return v
 
 
-def _packet_from_wire(x: Any, y: Any, t: Any, mask: Any, side: dict[str, Any], index: int) -> Packet:
+def _packet_from_wire(x: Any, y: Any, t: Any, mask: Any, side: dict[str, Any], index: int,
+                      rows: Any = None) -> Packet:  # fmt: skip
     return Packet(
         x=_from_wire(x),  # type: ignore[arg-type]
         y=_from_wire(y),
@@ -90,4 +105,5 @@ def _packet_from_wire(x: Any, y: Any, t: Any, mask: Any, side: dict[str, Any], i
         mask=_from_wire(mask),
         side={k: _from_wire(v) for k, v in side.items()},  # type: ignore[misc]
         index=index,
+        rows=_from_wire(rows),
     )

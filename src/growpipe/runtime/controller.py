@@ -51,8 +51,11 @@ class Controller:
         self.loop = RunLoop(cfg, engine, run_name=run_name, store=store, callbacks=callbacks, say=self._say,
                             resume=resume)  # fmt: skip
 
-    def run(self) -> dict[str, Any]:
-        """Drive the run to its end; the result JSON, or {'error': message, 'bad_input': bool}."""
+    def run(self, keep_net: bool = True) -> dict[str, Any]:
+        """Drive the run to its end; the result JSON, or {'error': message, 'bad_input': bool}. `keep_net`:
+        gather every block's weights at the end for final_state (else only a callback that wants the net
+        does)."""
+        self.loop.keep_net = keep_net
         result = self.loop.run()
         if "error" in result:
             result["bad_input"] = isinstance(self.loop.failure, BAD_INPUT)

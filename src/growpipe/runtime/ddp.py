@@ -149,6 +149,11 @@ class Replica:
 
         return evaluate_net(self.net(), self.bundle, self.cfg.eval) if self.rank == 0 else None
 
+    def measure_early_exit(self, threshold: float) -> dict[str, Any] | None:
+        from growpipe.evaluation import measure_early_exit
+
+        return measure_early_exit(self.net(), self.bundle, self.cfg.eval, threshold) if self.rank == 0 else None
+
     def checksums(self) -> dict[int, str]:
         return {b.index: b.checksum() for b in self.blocks}
 
@@ -301,6 +306,9 @@ class DDPEngine:
 
     def evaluate(self) -> dict[str, Any]:
         return self._ask("evaluate")
+
+    def measure_early_exit(self, threshold: float) -> dict[str, Any]:
+        return self._ask("measure_early_exit", threshold)
 
     def checksums(self) -> dict[int, str]:
         return self._ask("checksums")

@@ -163,6 +163,7 @@ class Pipeline:
         progress: Callable[[str], None] | None = print,
         on_epoch: Callable[[dict[str, Any]], None] | None = None,
         bar: EpochBar | None = None,
+        keep_net: bool = True,
     ) -> dict[str, Any]:
         """Run to the end, passing the controller's progress lines to `progress`, each finished epoch's row
         to `on_epoch` (e.g. a Tune report) and the running epoch's position to `bar`; raise PipelineError
@@ -172,7 +173,7 @@ class Pipeline:
         if progress and self.dashboard_url:
             progress(f"ray    dashboard {self.dashboard_url}")
         controller = self.controller  # stop() may drop the handle from another thread
-        ref = controller.run.remote()
+        ref = controller.run.remote(keep_net)
         try:
             return self._follow(controller, ref, progress, on_epoch, bar)
         finally:
@@ -235,7 +236,7 @@ class Pipeline:
 
         final = ray.get(self.controller.final_state.remote(), timeout=60)
         if final is None:
-            raise PipelineError("the run has not finished; call train() first")
+            raise PipelineError("the run has not finished, or ran with keep_net=False; call train() first")
         return GrowableNet.from_states(self.cfg.rule(), final["info"], final["topology"], final["states"])
 
     def _drain(self, controller: Any, seen: int, progress: Callable[[str], None] | None) -> int:

@@ -20,7 +20,6 @@ from growpipe.errors import PipelineError
 from growpipe.loop.engine import EpochPart, Poll, Prepared
 from growpipe.loop.policies import pack_host
 from growpipe.loop.topology import Layout, TopologyView
-from growpipe.nn.backbones import FEATURE_FAMILIES
 from growpipe.nn.specs import BlockSpec
 from growpipe.runtime.stage import Stage
 from growpipe.runtime.stage_engine import Slot, StageEngine
@@ -104,11 +103,6 @@ class PipelineEngine(StageEngine):
             return ray.get(self.slots[self.source].handle.position.remote(), timeout=5)
         except (ray.exceptions.RayError, IndexError):
             return None
-
-    def _side_groups(self) -> tuple[str, ...]:
-        return tuple(
-            s.spec.encoder.params["group"] for s in self.slots if s.spec and s.spec.encoder.family in FEATURE_FAMILIES
-        )
 
     # ---- growth ---------------------------------------------------------------------------------------
     def prepare_block(self, spec: BlockSpec) -> Prepared:

@@ -3,19 +3,28 @@ holds, reading the data when it is stage 0, and its part of checkpoints, freezin
 
 from __future__ import annotations
 
+import copy
+import math
 from dataclasses import replace
 from typing import Any
 
 import torch
 
+from growpipe import envvars
 from growpipe.checkpoint import CheckpointStore, block_file
 from growpipe.config import RunConfig
 from growpipe.data import DataBundle, load_data
 from growpipe.device import resolve_device, set_cpu_threads
 from growpipe.errors import DataNotFoundError, StageError
 from growpipe.nn.block import Block
+from growpipe.nn.inference import EarlyExit, exit_probs
 from growpipe.nn.methods import build_block
+from growpipe.nn.packet import Packet
 from growpipe.nn.specs import BlockSpec, InputInfo
+
+EVAL_BATCH = 512
+ALL_EXITS = -1.0
+"""eval_packet's threshold for the evaluation pass: every exit computed for every sample."""
 
 
 class StageBase:
@@ -31,6 +40,14 @@ class StageBase:
         self.packed: list[Block] = []  # blocks packed into this actor after its own (grow.on_no_capacity: pack)
         self.bundle: DataBundle | None = None
         self.word_vectors: torch.Tensor | None = None  # stage 0: net.word_vectors for the embedding block
+        self.below: list[Any] = []  # decoders of the blocks under this stage's first (AL exits read through them)
+        self._building: int | None = None
+        if envvars.own_blocks_only():
+            import growpipe.nn.block
+
+            growpipe.nn.block.BUILD_HOOK = self._only_own
+        self._eval: dict[Any, dict[int, torch.Tensor]] = {}  # an evaluation pass: per exit, per batch, probs
+        self._early: EarlyExit | None = None
 
     # ---- the data (stage 0) -------------------------------------------------------------------------
     def load_data(self) -> tuple[InputInfo, dict[str, Any]]:
@@ -62,7 +79,17 @@ class StageBase:
         """The block `spec` describes (the same seed as the reference trainer), on this stage's device."""
         if self.word_vectors is not None:
             info = replace(info, word_vectors=self.word_vectors)
-        return build_block(self.cfg.rule(), spec, info).to(self.device)
+        self._building = spec.index
+        try:
+            return build_block(self.cfg.rule(), spec, info).to(self.device)
+        finally:
+            self._building = None
+
+    def _only_own(self, index: int) -> None:
+        """GROWPIPE_OWN_BLOCKS_ONLY: a block built here must be one this stage was given."""
+        if index != self._building:
+            raise StageError(f"stage {self.index} built block {index}, which it does not hold "
+                             f"({envvars.GROWPIPE_OWN_BLOCKS_ONLY}: no actor may gather another block)")  # fmt: skip
 
     def _blocks(self) -> list[Block]:
         return [self._require_block(), *self.packed]
@@ -107,12 +134,80 @@ class StageBase:
     def _store(self) -> CheckpointStore:
         return CheckpointStore(self.cfg.checkpoint.uri, self.cfg.name, self.cfg.checkpoint.keep)
 
-    # ---- evaluation (stage 0 holds the data) ----------------------------------------------------------
-    def evaluate(self, topology: list[dict[str, Any]], info: InputInfo, *states: dict[str, Any]) -> dict[str, Any]:
-        """Rebuild the whole net from every stage's state and evaluate every exit on the test split."""
-        from growpipe.evaluation import evaluate_states
+    # ---- evaluation and inference: the splits stream through the stages, nothing gathers the net -------
+    def decoders(self) -> list[Any]:
+        """CPU copies of this stage's blocks' decoders, the top one first (AL: the stages above read their exits
+        through them; label-side modules, code_dim wide whatever a block's width); [] for other rules."""
+        return [copy.deepcopy(d).cpu() for b in reversed(self._blocks()) if (d := b.decoder()) is not None]
 
-        return evaluate_states(self.cfg, self._data(), info, topology, list(states), self.device)
+    def set_decoders(self, decoders: list[Any]) -> None:
+        """The decoders of every block below this stage's first one, the nearest first."""
+        self.below = [d.to(self.device).eval() for d in decoders]
+
+    def eval_batches(self, split: str) -> int:
+        """Stage 0: how many evaluation batches `split` (test or val) has."""
+        return math.ceil(len(self._split(split)) / EVAL_BATCH)
+
+    def eval_source(self, split: str, b: int, side_groups: tuple[str, ...], threshold: float | None = ALL_EXITS,
+                    last: int = 0) -> Packet | None:  # fmt: skip
+        """Stage 0: read evaluation batch `b` of `split` (in order, not shuffled) and run it through this
+        stage's blocks (see eval_packet)."""
+        from growpipe.data import batch_at
+
+        p = batch_at(self._split(split), EVAL_BATCH, b, side_groups)
+        self._eval.setdefault("labels", {})[b] = p.y.cpu()
+        return self.eval_packet(p, threshold, last)
+
+    @torch.no_grad()
+    def eval_packet(self, p: Packet | None, threshold: float | None = ALL_EXITS, last: int = 0) -> Packet | None:
+        """Run an evaluation packet through this stage's blocks; what goes on to the next stage (None: nothing).
+
+        threshold ALL_EXITS (the evaluation): every exit's probabilities are kept for every sample, every row
+        goes on. Otherwise real early exit: at each exit the samples that `threshold` confident (None: none;
+        all at the net's last exit, depth `last`) leave and are kept here, only the others go on."""
+        if p is None:
+            return None
+        p, rows = p.to(self.device), p.rows
+        below = list(self.below)
+        for block in self._blocks():
+            p = block.forward(p)
+            probs = exit_probs(block, p, below)
+            if block.decoder() is not None:
+                below = [block.decode, *below]
+            if probs is None:
+                continue
+            depth = block.index + 1
+            if threshold == ALL_EXITS:
+                self._eval.setdefault(depth, {})[p.index] = probs.cpu()
+                continue
+            if self._early is None:
+                self._early = EarlyExit(threshold, self.cfg.eval.confidence, last)
+            rest = self._early.take(depth, probs, p, rows)
+            if rest is None:
+                return None
+            p, rows = rest, rest.rows
+        p.rows = rows
+        return p.to("cpu")
+
+    def eval_results(self) -> dict[Any, Any]:
+        """What the last pass kept here, then forgotten: per exit depth the probabilities of every sample in
+        order (and stage 0: the labels, under "labels"), or the samples that left here ("exited")."""
+        out = {k: torch.cat([v[b] for b in sorted(v)]) for k, v in self._eval.items()}
+        if self._early is not None:
+            out["exited"] = self._early.result()
+        self._eval, self._early = {}, None
+        return out
+
+    def cost_parts(self) -> list[tuple[int, int, int, int, bool, bool]]:
+        """Each of this stage's blocks' MACs per sample (see Block.cost_parts)."""
+        return [b.cost_parts() for b in self._blocks()]
+
+    def _split(self, split: str) -> Any:
+        data = self._data()
+        part = data.test if split == "test" else data.val
+        if part is None:
+            raise StageError(f"stage {self.index}: the data has no {split} split")
+        return part
 
 
 def cpu_copy(obj: Any) -> Any:

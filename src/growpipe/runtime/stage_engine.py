@@ -14,10 +14,13 @@ from ray.util.placement_group import placement_group_table, remove_placement_gro
 from growpipe.config import RunConfig
 from growpipe.errors import PipelineError, StageLostError
 from growpipe.loop.engine import Prepared, WorkerLost
+from growpipe.nn.backbones import FEATURE_FAMILIES
+from growpipe.nn.inference import Exited, ExitPredictions, early_exit_report, evaluate_exits, exit_costs
 from growpipe.nn.net import GrowableNet
 from growpipe.nn.specs import BlockSpec, InputInfo
 from growpipe.runtime import NAMESPACE
 from growpipe.runtime.placement import in_bundle, make_stage_pg, stage_bundle
+from growpipe.runtime.stage_base import ALL_EXITS
 
 
 class Slot:
@@ -126,11 +129,84 @@ class StageEngine:
                 with contextlib.suppress(Exception):
                     remove_placement_group(pg)
 
-    # ---- the engine's common answers ------------------------------------------------------------------
+    # ---- evaluation: the splits stream through the stage actors, nothing gathers the net -------------
     def evaluate(self) -> dict[str, Any]:
-        topology = [s.spec.to_dict() for s in self.slots if s.spec]
-        states = [s.handle.state_dict.remote(s.index) for s in self.slots]
-        return self._get(self.slots[0].handle.evaluate.remote(topology, self.info, *states), "evaluating")
+        """Every exit on the test split (and the full path on the validation split), streamed through the
+        stage actors as training is: each computes the exits of the blocks it holds and keeps their
+        probabilities; only those come back. No block's weights leave its actor (AL's label-side decoders
+        excepted: the stages above read their exits through them)."""
+        self._share_decoders()
+        test = self._predictions("test")
+        ev = evaluate_exits(test, self.cfg.eval.thresholds, self.cfg.eval.confidence, self._exit_costs())
+        ev["val_accuracy"] = None
+        if self.cfg.data.val_fraction > 0:  # the held-out split (DataBundle.val)
+            val = self._predictions("val")
+            ev["val_accuracy"] = val.accuracy(val.depths[-1])
+        return ev
+
+    def measure_early_exit(self, threshold: float) -> dict[str, Any]:
+        """Real early exit on the test split through the stage actors: a sample that leaves at an exit is not
+        sent on; timed against the full path."""
+        self._share_decoders()
+        early, seconds, labels = self._early_pass(threshold)
+        _, full_seconds, _ = self._early_pass(None)
+        return early_exit_report(threshold, early, labels, seconds, full_seconds, self._exit_costs())
+
+    def _actors(self) -> list[Any]:
+        """The stage actors in block order (a packed block runs in its host's)."""
+        return [s.handle for s in self.slots if s.host is None]
+
+    def _share_decoders(self) -> None:
+        """AL: every stage gets the decoders of the blocks below it (small, label-side modules)."""
+        actors = self._actors()
+        if self.cfg.method != "al" or len(actors) < 2:
+            return
+        own = self._get_all([a.decoders.remote() for a in actors[:-1]], "collecting the decoders")
+        below: list[Any] = []
+        calls = []
+        for actor, mine in zip(actors[1:], own, strict=True):
+            below = [*mine, *below]
+            calls.append(actor.set_decoders.remote(below))
+        self._get_all(calls, "handing the decoders up")
+
+    def _pass(self, split: str, threshold: float | None) -> tuple[list[dict[Any, Any]], float]:
+        """Stream `split` through the stages once (see StageBase.eval_packet); what each kept, and the seconds."""
+        actors, side = self._actors(), self._side_groups()
+        batches = self._get(actors[0].eval_batches.remote(split), f"counting the {split} batches")
+        last = max(s.index for s in self.slots) + 1
+        window = 2 * len(actors)  # batches in flight: every stage busy, the object store bounded
+        start = time.perf_counter()
+        inflight: list[Any] = []
+        for b in range(batches):
+            ref = actors[0].eval_source.remote(split, b, side, threshold, last)
+            for actor in actors[1:]:
+                ref = actor.eval_packet.remote(ref, threshold, last)
+            inflight.append(ref)
+            if len(inflight) >= window:
+                self._get(inflight.pop(0), f"evaluating on the {split} split")
+        self._get_all(inflight, f"evaluating on the {split} split")
+        seconds = time.perf_counter() - start
+        return self._get_all([a.eval_results.remote() for a in actors], "collecting the exits"), seconds
+
+    def _predictions(self, split: str) -> ExitPredictions:
+        kept, _ = self._pass(split, ALL_EXITS)
+        probs = {d: v for part in kept for d, v in part.items() if isinstance(d, int)}
+        return ExitPredictions(sorted(probs), probs, kept[0]["labels"])
+
+    def _early_pass(self, threshold: float | None) -> tuple[Exited, float, Any]:
+        kept, seconds = self._pass("test", threshold)
+        return Exited.cat([part["exited"] for part in kept if "exited" in part]), seconds, kept[0]["labels"]
+
+    def _exit_costs(self) -> dict[int, tuple[int, int]]:
+        parts = self._get_all([a.cost_parts.remote() for a in self._actors()], "counting MACs")
+        return exit_costs([p for per_actor in parts for p in per_actor])
+
+    def _side_groups(self) -> tuple[str, ...]:
+        return tuple(
+            s.spec.encoder.params["group"] for s in self.slots if s.spec and s.spec.encoder.family in FEATURE_FAMILIES
+        )
+
+    # ---- the engine's common answers ------------------------------------------------------------------
 
     def checksums(self) -> dict[int, str]:
         sums = self._get_all([s.handle.checksum.remote(s.index) for s in self.slots], "checksumming the blocks")

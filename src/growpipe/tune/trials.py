@@ -85,7 +85,7 @@ def train_trial(
             done_before = _note_copy(cfg, name, resume)
         pg = get_current_placement_group()
         with Pipeline(cfg, run_name=name, reserved=(pg, 1) if pg else None, resume=resume) as p:
-            summary = p.train(progress=None, on_epoch=report)
+            summary = p.train(progress=None, on_epoch=report, keep_net=False)
             final = to_tune(held[-1] if held else summary["history"][-1])
             final.update(final_test_accuracy=summary["test_accuracy"], epochs_run=summary["epochs"])
             tune.report(final, checkpoint=checkpoint_after(summary["epochs"]))

@@ -103,6 +103,9 @@ class ALBlock(Block):
     def decode(self, code: torch.Tensor) -> torch.Tensor:
         return self.modules["h"](code)
 
+    def decoder(self) -> nn.Module:
+        return self.modules["h"]
+
     def exit_macs(self) -> int:
         feats = torch.zeros(2, self.head_dim)
         return count_macs(nn.Sequential(self.modules["b"], self.modules["h"]), lambda m: m(feats), 2)
