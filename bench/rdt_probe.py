@@ -12,8 +12,10 @@ Parts, each with its own deadline (ray.get(..., timeout=60)):
              `leave` A and B first destroy torch.distributed's default group (what runtime/transport.py does):
              without it Ray 2.60's gloo group fails with "the new group's world size should be less or equal
              to the world size set by init_process_group".
-driver and actor print one JSON line per size: the median milliseconds per transfer (call included) over gloo
-and over the object store (the tensor as the call's argument or return value). Results: bench/RESULTS.md.
+driver and actor print one JSON line per size: the median milliseconds per hand-over (calls included) by gloo
+(RDT), and through the object store with the tensor as the call's argument or return value as a torch tensor
+and as a numpy array, and (actor) as growpipe's Packet (numpy on the wire, copied into a writable tensor on
+arrival: the pipeline's object_store path). Run with PYTHONPATH=src. Results: bench/RESULTS.md.
 
     .venv/bin/python bench/rdt_probe.py --parts driver,actor,regroup,leave --repeats 9
 """
@@ -28,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Any
 
 SIZES = [1 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 
@@ -37,6 +40,8 @@ def child(parts: list[str], repeats: int) -> None:
     import torch
     from ray.experimental.collective import create_collective_group, destroy_collective_group
 
+    from growpipe.nn.packet import Packet
+
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=True)
 
     @ray.remote(enable_tensor_transport=True, concurrency_groups={"emit": 1})
@@ -45,6 +50,7 @@ def child(parts: list[str], repeats: int) -> None:
             torch.set_num_threads(1)
             self.stash: dict[int, torch.Tensor] = {}
             self.tensors: dict[int, torch.Tensor] = {}
+            self.next_key = 0
 
         def make(self, nbytes: int) -> int:
             self.tensors[nbytes] = torch.arange(nbytes // 4, dtype=torch.float32)
@@ -54,11 +60,11 @@ def child(parts: list[str], repeats: int) -> None:
         def produce(self, nbytes: int) -> torch.Tensor:
             return self.tensors[nbytes]
 
-        def produce_plain(self, nbytes: int) -> torch.Tensor:
-            return self.tensors[nbytes]
+        def produce_plain(self, nbytes: int, as_numpy: bool) -> Any:
+            return self.tensors[nbytes].numpy() if as_numpy else self.tensors[nbytes]
 
-        def consume(self, t: torch.Tensor) -> tuple[int, float]:
-            return int(t.numel()), float(t[-1])
+        def consume(self, t: Any) -> tuple[int, float]:
+            return len(t), float(t[-1])
 
         # ---- actor-owned refs -----------------------------------------------------------------------
         def know_group(self, actors: list, name: str) -> None:
@@ -84,34 +90,31 @@ def child(parts: list[str], repeats: int) -> None:
         def emit(self, key: int) -> list[torch.Tensor]:
             return [self.stash.pop(key)]
 
-        def send_direct(self, other, nbytes: int, n: int) -> list[float]:
-            me = ray.get_runtime_context().current_actor
-            times = []
-            for i in range(n):
-                t0 = time.perf_counter()
-                self.stash[i] = self.tensors[nbytes]
-                ref = me.emit.options(tensor_transport="gloo").remote(i)
+        def send(self, other, nbytes: int, how: str) -> float:
+            """Seconds for one hand-over to `other` as the pipeline does it (this actor owns the call)."""
+            t0 = time.perf_counter()
+            if how == "gloo":
+                key, self.next_key = self.next_key, self.next_key + 1
+                self.stash[key] = self.tensors[nbytes]
+                ref = ray.get_runtime_context().current_actor.emit.options(tensor_transport="gloo").remote(key)
                 got = ray.get(other.consume_list.remote(ref), timeout=60)
-                times.append(time.perf_counter() - t0)
-                assert got == (nbytes // 4, float(nbytes // 4 - 1)), got
-            return times
-
-        def send_plain(self, other, nbytes: int, n: int) -> list[float]:
-            times = []
-            for _ in range(n):
-                t0 = time.perf_counter()
-                got = ray.get(other.consume.remote(self.tensors[nbytes]), timeout=60)
-                times.append(time.perf_counter() - t0)
-                assert got == (nbytes // 4, float(nbytes // 4 - 1)), got
-            return times
+            elif how == "packet":
+                got = ray.get(other.consume_packets.remote([Packet(x=self.tensors[nbytes])]), timeout=60)
+            else:
+                t = self.tensors[nbytes]
+                got = ray.get(other.consume.remote(t.numpy() if how == "numpy" else t), timeout=60)
+            assert got == (nbytes // 4, float(nbytes // 4 - 1)), got
+            return time.perf_counter() - t0
 
         def consume_list(self, ts: list[torch.Tensor]) -> tuple[int, float]:
             return self.consume(ts[0])
 
-    def line(part: str, nbytes: int, direct: list[float], plain: list[float]) -> None:
-        d, p = statistics.median(direct), statistics.median(plain)
-        print(json.dumps({"part": part, "bytes": nbytes, "gloo_ms": round(d * 1e3, 3),
-                          "object_store_ms": round(p * 1e3, 3), "ratio": round(d / p, 2)}), flush=True)  # fmt: skip
+        def consume_packets(self, packets: list[Packet]) -> tuple[int, float]:
+            return self.consume(packets[0].x)
+
+    def line(part: str, nbytes: int, times: dict[str, list[float]]) -> None:
+        ms = {f"{k}_ms": round(statistics.median(v[1:]) * 1e3, 3) for k, v in times.items()}  # [0]: warm-up
+        print(json.dumps({"part": part, "bytes": nbytes, **ms}), flush=True)
 
     a, b = Peer.remote(), Peer.remote()
     ray.get([x.make.remote(n) for x in (a, b) for n in SIZES], timeout=60)
@@ -119,27 +122,29 @@ def child(parts: list[str], repeats: int) -> None:
     group = create_collective_group([a, b], backend="gloo")
     print(json.dumps({"part": "group", "create_s": round(time.perf_counter() - t0, 3)}), flush=True)
 
+    # gloo (RDT); the object store with a torch tensor, a numpy array, a growpipe Packet (numpy, copied on arrival)
+    ways = ("gloo", "torch", "numpy", "packet")
     if "driver" in parts:
         for nbytes in SIZES:
-            direct, plain = [], []
-            for _ in range(repeats + 1):  # the first round warms up
-                t0 = time.perf_counter()
-                got = ray.get(b.consume.remote(a.produce.remote(nbytes)), timeout=60)
-                direct.append(time.perf_counter() - t0)
-                assert got == (nbytes // 4, float(nbytes // 4 - 1)), got
-                t0 = time.perf_counter()
-                got = ray.get(b.consume.remote(a.produce_plain.remote(nbytes)), timeout=60)
-                plain.append(time.perf_counter() - t0)
-                assert got == (nbytes // 4, float(nbytes // 4 - 1)), got
-            line("driver", nbytes, direct[1:], plain[1:])
+            times: dict[str, list[float]] = {w: [] for w in ways[:3]}
+            for _ in range(repeats + 1):  # interleaved: every way sees the same load
+                for w in ways[:3]:
+                    t0 = time.perf_counter()
+                    ref = a.produce.remote(nbytes) if w == "gloo" else a.produce_plain.remote(nbytes, w != "torch")
+                    got = ray.get(b.consume.remote(ref), timeout=60)
+                    times[w].append(time.perf_counter() - t0)
+                    assert got == (nbytes // 4, float(nbytes // 4 - 1)), got
+            line("driver", nbytes, times)
 
     if "actor" in parts or "regroup" in parts:
         ray.get([x.know_group.remote([a, b], group.name) for x in (a, b)], timeout=60)
     if "actor" in parts:
         for nbytes in SIZES:
-            direct = ray.get(a.send_direct.remote(b, nbytes, repeats + 1), timeout=120)[1:]
-            plain = ray.get(a.send_plain.remote(b, nbytes, repeats + 1), timeout=120)[1:]
-            line("actor", nbytes, direct, plain)
+            times = {w: [] for w in ways}
+            for _ in range(repeats + 1):
+                for w in ways:
+                    times[w].append(ray.get(a.send.remote(b, nbytes, w), timeout=120))
+            line("actor", nbytes, times)
 
     if "regroup" in parts:
         c = Peer.remote()
@@ -151,8 +156,8 @@ def child(parts: list[str], repeats: int) -> None:
         group = create_collective_group([a, b, c], backend="gloo")
         print(json.dumps({"part": "regroup", "create_s": round(time.perf_counter() - t0, 3)}), flush=True)
         ray.get([x.know_group.remote([a, b, c], group.name) for x in (a, b, c)], timeout=60)
-        got = ray.get(b.send_direct.remote(c, SIZES[0], 2), timeout=60)
-        print(json.dumps({"part": "regroup", "b_to_c_ms": round(statistics.median(got) * 1e3, 3)}), flush=True)
+        got = [ray.get(x.send.remote(y, SIZES[0], "gloo"), timeout=60) for x, y in ((b, c), (a, b))]
+        print(json.dumps({"part": "regroup", "b_to_c_then_a_to_b_ms": [round(t * 1e3, 3) for t in got]}), flush=True)
     print(json.dumps({"part": "done"}), flush=True)
     ray.shutdown()
 

@@ -481,8 +481,8 @@ class RuntimeSpec(_Strict):
     or through Ray's object store, the default), or by Ray Direct Transport straight from actor to actor over a
     collective group: gloo (tensors through host memory, tested on CPU), nccl (GPU to GPU, a whole GPU per
     stage, cupy on the GPU nodes; not tested here); auto: nccl when every stage has a whole GPU, else
-    object_store. Pays off from about 1 MB of tensors per call (bench/RESULTS.md); method bp takes
-    object_store or auto only. See docs/running.md."""
+    object_store. On one machine the default is faster (numpy through shared memory, bench/RESULTS.md); method
+    bp takes object_store or auto only. See docs/running.md."""
     cpus_per_stage: float = Field(1.0, gt=0)
     """CPUs each stage actor reserves (and torch threads it uses) when it runs without a GPU."""
     gpus_per_stage: float | None = Field(None, ge=0)
