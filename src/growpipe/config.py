@@ -481,6 +481,13 @@ class RuntimeSpec(_Strict):
     """Embedded Ray only: arguments up to this size travel inside the actor call instead of through the
     object store (Ray's max_direct_call_object_size; on a cluster set RAY_max_direct_call_object_size on
     `ray start`)."""
+    transport: Literal["object_store", "auto", "gloo", "nccl"] = "object_store"
+    """How the local-learning pipeline's stages hand their activations on: object_store (inside the actor call
+    or through Ray's object store, the default), or by Ray Direct Transport straight from actor to actor over a
+    collective group: gloo (tensors through host memory, tested on CPU), nccl (GPU to GPU, a whole GPU per
+    stage, cupy on the GPU nodes; not tested here); auto: nccl when every stage has a whole GPU, else
+    object_store. On one machine the default is faster (numpy through shared memory, bench/RESULTS.md); method
+    bp takes object_store or auto only. See docs/running.md."""
     cpus_per_stage: float = Field(1.0, gt=0)
     """CPUs each stage actor reserves (and torch threads it uses) when it runs without a GPU."""
     gpus_per_stage: float | None = Field(None, ge=0)

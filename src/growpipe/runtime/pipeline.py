@@ -19,6 +19,7 @@ from growpipe.progress import EpochBar
 from growpipe.runtime import NAMESPACE
 from growpipe.runtime.controller import launch_controller
 from growpipe.runtime.placement import reserved_bundles_problem
+from growpipe.runtime.transport import check_transport
 
 POLL_S = 0.5
 
@@ -141,8 +142,10 @@ class Pipeline:
         self._stop_reason: str | None = None
 
     def start(self) -> Pipeline:
-        """Connect to Ray and launch the controller (refuses a second live run with the same name, and a
-        reserved placement group without a bundle for each block the run may grow to)."""
+        """Connect to Ray and launch the controller (refuses a second live run with the same name, a
+        reserved placement group without a bundle for each block the run may grow to, and a runtime.transport
+        the config cannot use)."""
+        check_transport(self.cfg)
         if self.reserved is not None:
             pg, first = self.reserved
             if why := reserved_bundles_problem(self.cfg, len(pg.bundle_specs), first):

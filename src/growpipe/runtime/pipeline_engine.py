@@ -22,7 +22,8 @@ from growpipe.loop.policies import pack_host
 from growpipe.loop.topology import Layout, TopologyView
 from growpipe.nn.specs import BlockSpec
 from growpipe.runtime.stage import Stage
-from growpipe.runtime.stage_engine import Slot, StageEngine
+from growpipe.runtime.stage_engine import Slot, StageEngine, ray_error
+from growpipe.runtime.transport import TransportGroup, run_backend
 
 
 class PipelineEngine(StageEngine):
@@ -36,6 +37,7 @@ class PipelineEngine(StageEngine):
         super().__init__(*args, **kwargs)
         self.source = 0  # the stage that streams the epochs: 0 (the data) or the prefix-cache holder
         self.timeline: list[dict[str, Any]] = []
+        self.transport: TransportGroup | None = None  # made once Ray runs (the backend depends on its GPUs)
 
     def build(self, specs: list[BlockSpec], layout: dict[str, Any] | None) -> str:
         hosts = (layout or {}).get("hosts") or [None] * len(specs)
@@ -44,8 +46,10 @@ class PipelineEngine(StageEngine):
         self._setup(specs)
         cfg = self.cfg
         names = ", ".join(s.block_name for s in self.slots)
+        t = self.transport
+        how = f", activations by {t.backend} (Ray Direct Transport)" if t and t.name else ""
         return (f"{cfg.method} on {cfg.net.backbone}: {len(specs)} stage actors ({names}), window "
-                f"{cfg.runtime.window}, {self._resources_text()}")  # fmt: skip
+                f"{cfg.runtime.window}, {self._resources_text()}{how}")  # fmt: skip
 
     def _setup(self, specs: list[BlockSpec]) -> None:
         """Build every slot's block and wire each stage to the next one with an actor of its own."""
@@ -59,6 +63,17 @@ class PipelineEngine(StageEngine):
                 self._get(slot.handle.attach_packed.remote(slot.index), "packing a block")
             elif i:
                 self._get(self.slots[self._host(i - 1)].handle.set_downstream.remote(slot.handle), "wiring the stages")
+        self._wire_transport()
+
+    def _wire_transport(self) -> None:
+        """runtime.transport gloo / nccl: one collective group over the stage actors, made again whenever they
+        change (growth, recovery); nothing for object_store."""
+        if self.transport is None:
+            self.transport = TransportGroup(run_backend(self.cfg), self.cfg.runtime.stage_timeout_s)
+        try:
+            self.transport.wire([s.handle for s in self._own()])
+        except ray.exceptions.RayError as e:
+            raise ray_error(e) from None
 
     def _host(self, i: int) -> int:
         """The stage whose actor runs block i."""
@@ -138,6 +153,7 @@ class PipelineEngine(StageEngine):
         self.slots.append(slot)
         if slot.host is None:
             self._get(last.handle.set_downstream.remote(slot.handle), "rewiring the last stage")
+            self._wire_transport()
         else:
             self._get(slot.handle.attach_packed.remote(slot.index), "packing the block")
 
@@ -225,10 +241,17 @@ class PipelineEngine(StageEngine):
         return same[0] if same else None
 
     def extras(self) -> dict[str, Any]:
-        return {**super().extras(), "timeline": {"traceEvents": self.timeline, "displayTimeUnit": "ms"}}
+        out = {**super().extras(), "timeline": {"traceEvents": self.timeline, "displayTimeUnit": "ms"}}
+        if self.transport is not None and self.transport.name is not None:
+            calls = [s.handle.transport_received.remote() for s in self._own()]
+            pushes = self._get_all(calls, "counting the direct pushes")
+            out["transport"] = {**self.transport.describe(), "direct_pushes": pushes}
+        return out
 
     def stop(self) -> None:
         if self.source and self.source < len(self.slots):  # a spilled cache's files go with it
             with contextlib.suppress(Exception):
                 ray.get(self.slots[self.source].handle.drop_cache.remote(), timeout=10)
+        if self.transport is not None:
+            self.transport.forget()
         super().stop()

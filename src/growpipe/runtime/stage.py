@@ -30,12 +30,14 @@ from growpipe.nn.packet import Packet
 from growpipe.nn.specs import BlockSpec, InputInfo
 from growpipe.runtime.prefix_cache import PrefixCache
 from growpipe.runtime.stage_base import StageBase
+from growpipe.runtime.transport import DirectEndpoint
 
 
-class Stage(StageBase):
-    """One block in its own actor: trains on packets from upstream and pushes its output downstream."""
+class Stage(StageBase, DirectEndpoint):
+    """One block in its own actor: trains on packets from upstream and pushes its output downstream (its
+    tensors by a direct transport when the engine put the stages in a group, see runtime/transport.py)."""
 
-    CONCURRENCY_GROUPS = {"control": 1}
+    CONCURRENCY_GROUPS = {"control": 1, **DirectEndpoint.CONCURRENCY_GROUPS}
     """position() and request_pause() answer while run_epoch is busy."""
 
     def __init__(self, index: int, cfg: RunConfig):
@@ -137,10 +139,12 @@ class Stage(StageBase):
         """Stage 0: stop the running epoch before its next batch (answered while run_epoch is busy)."""
         self._pause.set()
 
-    def push(self, packets: list[Packet], sent_at: float, cache_pass: bool = False) -> None:
+    def push(self, packets: list[Any], sent_at: float, cache_pass: bool = False, tensors: Any = None) -> None:
         """Called by the previous stage with its next packets; trains on each and passes the outputs on.
 
-        In a cache pass the stage filling its cache stores the packets; a frozen stage forwards them."""
+        In a cache pass the stage filling its cache stores the packets; a frozen stage forwards them. With a
+        direct transport `packets` are their layouts and `tensors` came by it."""
+        packets = self.received(packets, tensors)
         if cache_pass:
             self._take_cache_packets(packets)
             return
@@ -218,7 +222,9 @@ class Stage(StageBase):
         self.stats.blocked_s += t1 - t0
         if self.recording and t1 - t0 > 1e-4:
             self.stats.events.append(_event("blocked_downstream", self.index, t0, t1))
-        self.inflight.append((self.downstream.push.remote(group, time.time(), self._sending_cache), len(group)))
+        self.inflight.append(
+            (self.push_downstream(self.downstream, group, time.time(), self._sending_cache), len(group))
+        )
         self.inflight_packets += len(group)
         self.stats.max_inflight = max(self.stats.max_inflight, self.inflight_packets)
 

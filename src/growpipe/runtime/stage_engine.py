@@ -21,6 +21,7 @@ from growpipe.nn.specs import BlockSpec, InputInfo
 from growpipe.runtime import NAMESPACE
 from growpipe.runtime.placement import in_bundle, make_stage_pg, stage_bundle
 from growpipe.runtime.stage_base import ALL_EXITS
+from growpipe.runtime.transport import actor_options
 
 
 class Slot:
@@ -99,7 +100,8 @@ class StageEngine:
 
     def _launch(self, index: int, pg: Any, bundle_index: int, owns_pg: bool) -> Slot:
         groups = getattr(self.actor_class, "CONCURRENCY_GROUPS", None)
-        actor = ray.remote(concurrency_groups=groups)(self.actor_class) if groups else ray.remote(self.actor_class)
+        remote = {**({"concurrency_groups": dict(groups)} if groups else {}), **actor_options(self.cfg)}
+        actor = ray.remote(**remote)(self.actor_class) if remote else ray.remote(self.actor_class)
         opts = in_bundle(actor, self.cfg, pg, bundle_index, name=f"{self.run_name}/stage{index}", max_concurrency=1)
         return Slot(opts.remote(index, self.cfg), pg, owns_pg, bundle_index)
 
