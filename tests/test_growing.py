@@ -142,11 +142,12 @@ def test_requests_grow_a_running_job_one_at_a_time_bad_ones_change_nothing_a_fin
     assert any(line.startswith("grow   +layer block 3") for line in run.lines)
 
 
-def test_stage_zero_pauses_before_its_next_batch_and_resumes_there(monkeypatch):
-    monkeypatch.setenv("GROWPIPE_STEP_DELAY_MS", "50")
+def test_stage_zero_pauses_before_its_next_batch_and_resumes_there(tmp_path):
     cfg = tiny_config(threads=1, data={"batch_size": BATCH, "limit_train": 640})
-    actor = ray.remote(concurrency_groups={"control": 1})(Stage).options(
-        num_cpus=1, runtime_env={"env_vars": stage_env()}
+    gate = tmp_path / "gate"
+    hold = {"GROWPIPE_HOLD_AT": f"1:{HOLD}:{gate}"}  # epoch 1 waits before batch HOLD for a pause (or the gate)
+    actor = ray.remote(concurrency_groups=Stage.CONCURRENCY_GROUPS)(Stage).options(
+        num_cpus=1, runtime_env={"env_vars": {**stage_env(), **hold}}
     )
     stage = actor.remote(0, cfg)
     info, _ = ray.get(stage.load_data.remote())
@@ -154,10 +155,12 @@ def test_stage_zero_pauses_before_its_next_batch_and_resumes_there(monkeypatch):
 
     ray.get(stage.setup.remote(plan_blocks(cfg.net, cfg.method, info)[0], info))
     ref = stage.run_epoch.remote(1, ())
-    time.sleep(0.4)
-    ray.get(stage.request_pause.remote(), timeout=5)  # answered while run_epoch is busy
+    while ray.get(stage.position.remote(), timeout=30)[0] < HOLD:  # until it waits at the gate
+        time.sleep(0.05)
+    ray.get(stage.request_pause.remote(), timeout=30)  # answered while run_epoch is busy
     first, paused_at = ray.get(ref, timeout=30)
-    assert 0 < paused_at < 20 and first.batches == paused_at
+    assert paused_at == HOLD and first.batches == HOLD
+    gate.touch()  # the rest of the epoch goes on past the gate
     rest, rest_paused_at = ray.get(stage.run_epoch.remote(1, (), paused_at), timeout=30)
     assert rest_paused_at is None and first.batches + rest.batches == 20
     ray.kill(stage)

@@ -40,26 +40,35 @@ def _cfg(tmp_path: Path, name: str, **extra):
     return tiny_config(**base)
 
 
-def _kill_stage_during(p: Pipeline, stage: str, epoch: int, killed: list[str], at: list[float] | None = None) -> None:
+def _hold(monkeypatch, tmp_path: Path, epoch: int) -> Path:
+    """Stage 0 waits before batch 2 of `epoch` until the returned gate file exists: a kill lands mid-epoch
+    however slow the machine is."""
+    gate = tmp_path / "gate"
+    monkeypatch.setenv("GROWPIPE_HOLD_AT", f"{epoch}:2:{gate}")
+    return gate
+
+
+def _kill_stage_during(p: Pipeline, stage: str, epoch: int, killed: list[str], gate: Path,
+                       at: list[float] | None = None) -> None:  # fmt: skip
     deadline = time.time() + 120
     while time.time() < deadline and ray.get(p.controller.status.remote())["epoch"] < epoch:
         time.sleep(0.05)
-    time.sleep(0.3)  # inside that epoch
-    ray.kill(ray.get_actor(stage, namespace=NAMESPACE), no_restart=True)
+    ray.kill(ray.get_actor(stage, namespace=NAMESPACE), no_restart=True)  # the epoch is held open at the gate
     killed.append(stage)
     if at is not None:
         at.append(time.perf_counter())
+    gate.touch()
 
 
 @pytest.mark.usefixtures("ray_session")
 def test_killed_stage_actor_is_replaced_and_the_run_ends_as_if_undisturbed(tmp_path: Path, monkeypatch):
-    monkeypatch.setenv("GROWPIPE_STEP_DELAY_MS", "25")  # ~0.6 s per epoch: time to kill one mid-epoch
+    gate = _hold(monkeypatch, tmp_path, 2)
     # undisturbed, the pipeline ends with the reference trainer's weights (tested elsewhere): the oracle
     calm = train_local(_cfg(tmp_path, "calm", checkpoint={"enabled": False}), progress=None).summary()
     lines: list[str] = []
     killed: list[str] = []
     with Pipeline(_cfg(tmp_path, "disturbed")) as p:  # started: the controller exists
-        t = threading.Thread(target=_kill_stage_during, args=(p, "disturbed/stage1", 2, killed))
+        t = threading.Thread(target=_kill_stage_during, args=(p, "disturbed/stage1", 2, killed, gate))
         t.start()
         result = p.train(progress=lines.append)
         t.join(timeout=60)
@@ -74,12 +83,12 @@ def test_killed_stage_actor_is_replaced_and_the_run_ends_as_if_undisturbed(tmp_p
 
 @pytest.mark.usefixtures("ray_session")
 def test_without_checkpoints_a_lost_stage_fails_the_run_clearly_within_seconds(tmp_path: Path, monkeypatch):
-    monkeypatch.setenv("GROWPIPE_STEP_DELAY_MS", "25")
+    gate = _hold(monkeypatch, tmp_path, 1)
     cfg = _cfg(tmp_path, "nockpt", checkpoint={"enabled": False})
     killed: list[str] = []
     killed_at: list[float] = []
     with Pipeline(cfg) as p:
-        t = threading.Thread(target=_kill_stage_during, args=(p, "nockpt/stage1", 1, killed, killed_at))
+        t = threading.Thread(target=_kill_stage_during, args=(p, "nockpt/stage1", 1, killed, gate, killed_at))
         t.start()
         with pytest.raises(PipelineError, match="no checkpoint to recover from") as failed:
             p.train(progress=None)
