@@ -10,7 +10,10 @@ column of pixel lists). For each format, with and without augmentation (random_c
     thread as a 1-CPU stage) on those batches: the block's step time over the wall time (1.0: the reader
     never keeps the block waiting);
   - peak RSS of a process that loads the data and reads one epoch, for 10x more images than the smaller
-    size (image folder in memory and streamed, HF Arrow streamed).
+    size (image folder in memory and streamed, HF Arrow streamed);
+  - load time (`load_data`, median of 3 after a first load) of 10x more images than the smaller size,
+    streamed (image folder, HF Arrow, parquet pixel lists), with the default data.stats_rows sample and with
+    every row (all).
 
     .venv/bin/growpipe bench data --quick --json-out bench/out/data-quick.json
     .venv/bin/python bench/data.py --json-out bench/out/data.json
@@ -128,6 +131,21 @@ def measure(name: str, n: int, augment: bool) -> dict[str, Any]:
             round(samples / busy), "busy": round(busy / wall, 3), "streamed": bundle.train.streamed}  # fmt: skip
 
 
+def load_seconds(names: dict[int, str], stats_rows: int | str, repeats: int, **data: Any) -> dict[str, list[float]]:
+    """Seconds of `load_data` (streamed, data.stats_rows as given) of each dataset in `names` (by training
+    images): the first load (parquet/csv/json: Hugging Face's one-time conversion to Arrow, cached), then the
+    median of `repeats` loads taken in turn, so that a busy spell of the machine hits every size."""
+    times: dict[int, list[float]] = {n: [] for n in names}
+    for _ in range(repeats + 1):
+        for n, name in names.items():
+            spec = build_config({"data": {"name": name, "stream": True, "stats_rows": stats_rows, **data}}).data
+            t0 = time.perf_counter()
+            load_data(spec, seed=0)
+            times[n].append(time.perf_counter() - t0)
+    return {"first_s": [round(times[n][0], 3) for n in names],
+            "load_s": [round(float(np.median(times[n][1:])), 3) for n in names]}  # fmt: skip
+
+
 def accuracy(name: str, n: int, epochs: int) -> dict[str, Any]:
     """Test accuracy and seconds of the reference trainer on `name`: DASCPL, the Fashion-MNIST CNN's first
     two blocks (32, 64 channels), seed 0."""
@@ -154,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--images", type=int, help="training images per format (default 12,000; quick 1,000)")
     ap.add_argument("--rss-images", type=int, help="peak RSS for this many images and 10x (default 6,000; quick "
                     "500; 0: skip)")  # fmt: skip
+    ap.add_argument("--load-images", type=int, help="load time (median of 3) for this many images and 10x, streamed "
+                    "(default 6,000; quick 500; 0: skip)")  # fmt: skip
     ap.add_argument("--accuracy-epochs", type=int, default=0, help="also train the CNN's first two blocks this many "
                     "epochs from each format (reference trainer; 0: skip)")  # fmt: skip
     ap.add_argument("--json-out", metavar="FILE", help="write the figures as JSON")
@@ -161,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     n = args.images or (1000 if args.quick else 12000)
     small = args.rss_images if args.rss_images is not None else (500 if args.quick else 6000)
     rss_sizes = (small, 10 * small) if small else ()
+    load = args.load_images if args.load_images is not None else (500 if args.quick else 6000)
+    load_sizes = (load, 10 * load) if load else ()
     torch.set_num_threads(1)  # a 1-CPU stage
     start = time.perf_counter()
     rows: list[dict[str, Any]] = []
@@ -181,8 +203,20 @@ def main(argv: list[str] | None = None) -> int:
             trained[fmt] = accuracy(name, n, args.accuracy_epochs)
             print(f"{fmt:<26} {args.accuracy_epochs} epochs: test accuracy {trained[fmt]['test_accuracy']:.4f} in "
                   f"{trained[fmt]['seconds']} s", flush=True)  # fmt: skip
+        written = {k: write_formats(work, k) for k in {*rss_sizes, *load_sizes} if k != n} | {n: names}
+        loads = []
+        streamed = {"image folder (PNG)": {}, "HF Arrow (Image column)": {}, "parquet (pixel lists)": {
+            "image_shape": [1, 28, 28]}}  # fmt: skip
+        for fmt, extra in streamed.items() if load_sizes else ():
+            for stats_rows in (build_config({}).data.stats_rows, "all"):
+                got = load_seconds({k: written[k][fmt] for k in load_sizes}, stats_rows, 3, **extra)
+                sizes, ratio = got["load_s"], round(got["load_s"][1] / got["load_s"][0], 3)
+                loads.append({"format": fmt, "stats_rows": stats_rows, "images": list(load_sizes), **got,
+                              "ratio": ratio})  # fmt: skip
+                print(f"load {fmt} streamed, stats_rows {stats_rows}: {load_sizes[0]} images {sizes[0]} s, "
+                      f"{load_sizes[1]} images {sizes[1]} s (x{ratio}; first loads {got['first_s']} s)",
+                      flush=True)  # fmt: skip
         rss = []
-        written = {k: write_formats(work, k) for k in rss_sizes if k != n} | {n: names}
         folder, arrow = "image folder (PNG)", "HF Arrow (Image column)"
         cases = [(folder, "memory"), (folder, "stream"), (arrow, "stream")] if rss_sizes else []
         for fmt, how in cases:
@@ -191,8 +225,8 @@ def main(argv: list[str] | None = None) -> int:
             rss.append({"format": fmt, "read": how, "images": list(rss_sizes), "peak_rss_mb": sizes, "ratio": ratio})
             print(f"peak RSS {fmt} {how}: {rss_sizes[0]} images {sizes[0]} MB, {rss_sizes[1]} images {sizes[1]} MB "
                   f"(x{ratio})", flush=True)  # fmt: skip
-    out = {"images": n, "batch": BATCH, "rows": rows, "rss": rss, "accuracy": trained, "cpus": os.cpu_count(),
-           "seconds": round(time.perf_counter() - start, 1)}  # fmt: skip
+    out = {"images": n, "batch": BATCH, "rows": rows, "load": loads, "rss": rss, "accuracy": trained,
+           "cpus": os.cpu_count(), "seconds": round(time.perf_counter() - start, 1)}  # fmt: skip
     saved = f"; JSON: {atomic_write_json(args.json_out, out)}" if args.json_out else ""
     print(f"done in {out['seconds']} s{saved}")
     return 0

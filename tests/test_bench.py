@@ -155,8 +155,10 @@ def test_compare_benchmark_refuses_bad_input_before_training(argv: list[str], me
 
 def test_data_benchmark_tiny_measures_every_format_with_and_without_augmentation(tmp_path: Path):
     out = tmp_path / "data.json"
-    _run_bench("data", ["--images", "150", "--rss-images", "0", "--json-out", str(out)])
+    _run_bench("data", ["--images", "50", "--rss-images", "0", "--load-images", "50", "--json-out", str(out)])
     r = json.loads(out.read_text())
+    assert [(row["images"], row["stats_rows"]) for row in r["load"]] == [([50, 500], 5000), ([50, 500], "all")] * 3
+    assert all(min(row["load_s"]) > 0 for row in r["load"])
     assert len(r["rows"]) == 8 and {row["augment"] for row in r["rows"]} == {False, True}
     streamed = {row["format"] for row in r["rows"] if row["streamed"]}
     assert streamed == {"image folder (PNG)", "HF Arrow (Image column)"}

@@ -72,8 +72,8 @@ def _all(split) -> torch.Tensor:
     return split.inputs(torch.arange(len(split)))
 
 
-def _load(name: str, **data):
-    return load_data(build_config({"data": {"name": name, **data}}).data)
+def _load(name: str, seed: int = 0, **data):
+    return load_data(build_config({"data": {"name": name, **data}}).data, seed)
 
 
 def test_folder_hub_and_pixel_lists_give_the_same_images(sources):
@@ -102,6 +102,102 @@ def test_folder_hub_and_pixel_lists_give_the_same_images(sources):
     assert torch.equal(_all(table.test), _all(table_streamed.test)) and table.normalize == table_streamed.normalize
     raw = _load(f"imagefolder:{base / 'folder'}", normalize="none")
     assert raw.normalize is None and float(_all(raw.train).max()) <= 1.0
+
+
+def test_statistics_come_from_a_seeded_sample_of_the_training_rows_the_same_in_every_format(sources):
+    from growpipe.data.moments import stats_sample
+
+    base = sources["base"]
+    x, _ = sources["splits"]["train"]
+
+    def every_format(seed: int, **data) -> list:
+        return [
+            _load(f"imagefolder:{base / 'folder'}", seed, **data),
+            _load(f"imagefolder:{base / 'folder'}", seed, stream=False, **data),
+            _load(f"hf:{base / 'hf'}", seed, **data),
+            _load(f"parquet:{base / 'parquet'}", seed, image_shape=[1, 6, 5], **data),
+            _load(f"parquet:{base / 'parquet'}", seed, image_shape=[1, 6, 5], stream=True, **data),
+        ]
+
+    sampled = every_format(3, stats_rows=10)
+    rows = stats_sample(30, 10, 3)
+    assert len(rows) == 10 and list(rows) == sorted(set(rows.tolist())) and list(rows) != list(range(10))
+    for b in sampled:  # the same 10 of the 30 training rows, the same float64 sums: equal bit for bit
+        assert b.normalize == sampled[0].normalize and torch.equal(_all(b.train), _all(sampled[0].train))
+    as_read = (x / np.float32(255)).astype(np.float32)  # each pixel as the loaders read it (float32)
+    assert sampled[0].normalize["mean"][0] == pytest.approx(float(np.mean(as_read[rows], dtype=np.float64)), abs=1e-12)
+    assert every_format(3, stats_rows=10)[2].normalize == sampled[0].normalize  # seeded: the same again
+    assert _load(f"hf:{base / 'hf'}", 4, stats_rows=10).normalize != sampled[0].normalize  # another seed
+    exact = every_format(3, stats_rows="all")
+    assert all(b.normalize == exact[0].normalize for b in exact) and exact[0].normalize != sampled[0].normalize
+    assert exact[0].normalize["mean"][0] == pytest.approx(float(np.mean(as_read, dtype=np.float64)), abs=1e-12)
+    assert _load(f"hf:{base / 'hf'}", 3).normalize == exact[0].normalize  # 30 rows: under the default, exact
+    with pytest.raises(ConfigError, match=r"data.stats_rows: got 0; give a number of rows >= 1, or all"):
+        build_config({"data": {"stats_rows": 0}})
+
+
+def test_load_decodes_only_the_sample_and_a_bad_file_outside_it_stops_the_batch_that_reads_it(
+    tmp_path: Path, monkeypatch, capfd
+):
+    from PIL import Image
+
+    import growpipe.data.stream as stream
+    from growpipe.data import iterate_batches
+    from growpipe.data.moments import stats_sample
+
+    root = tmp_path / "folder"
+    x, y = _images(40, 4)
+    _write_folder(root, "train", x, y)
+    _write_folder(root, "test", x[:6], y[:6])
+    sample = stats_sample(40, 8, 0)
+    corrupt, odd = (int(p) for p in np.setdiff1d(np.arange(1, 40), sample)[[0, -1]])
+    bad = root / "train" / CLASSES[y[corrupt]] / f"{corrupt:04d}.png"  # the folder's order is the rows' order
+    bad.write_bytes(b"not a png")
+    decoded = []
+
+    def counting_open(raw, where):
+        decoded.append(where)
+        return stream_open(raw, where)
+
+    stream_open = stream.open_image
+    monkeypatch.setattr(stream, "open_image", counting_open)
+    strict = _load(f"imagefolder:{root}", stats_rows=8)
+    # the 8 sampled training rows, the 6 test rows (fewer than 8: all), each split's first row for its shape
+    assert len(decoded) == 8 + 6 + 2 and str(bad) not in decoded and len(strict.train) == 40
+    with pytest.raises(DataError, match=rf"{bad.name}: not a readable image .*data.skip_bad_files: true"):
+        list(iterate_batches(strict.train, 4, shuffle=False))
+    skipping = _load(f"imagefolder:{root}", stats_rows=8, skip_bad_files=True)
+    assert len(skipping.train) == 40 and not skipping.notes  # not read at load: nothing known to skip yet
+    assert sum(len(p.y) for p in iterate_batches(skipping.train, 4, shuffle=True)) == 39
+    assert skipping.train.x.skipped == 1 and f"skipped (1 so far, data.skip_bad_files): {bad}" in capfd.readouterr().err
+    bad.unlink()
+    odd_file = root / "train" / CLASSES[y[odd]] / f"{odd:04d}.png"
+    Image.fromarray(np.zeros((9, 9), np.uint8), mode="L").save(odd_file)
+    mixed = _load(f"imagefolder:{root}", stats_rows=8)  # the odd size is not in the sample: found when read
+    with pytest.raises(DataError, match=rf"{odd_file.name}.* set data.image_size: \[height, width\]"):
+        list(iterate_batches(mixed.train, 4, shuffle=False))
+
+
+def test_integer_columns_read_as_pixels_on_the_sample_refuse_a_later_row_that_is_not(tmp_path: Path):
+    import pandas as pd
+
+    from growpipe.data import iterate_batches
+    from growpipe.data.moments import stats_sample
+
+    pixels = np.random.default_rng(5).integers(0, 256, (20, 4))
+    outside = int(np.setdiff1d(np.arange(20), stats_sample(20, 5, 0))[0])
+    pixels[outside, 2] = 300
+    (tmp_path / "t").mkdir()
+    for split in ("train", "test"):
+        pd.DataFrame({"pixels": pixels.tolist(), "label": [0, 1] * 10}).to_parquet(tmp_path / "t" / f"{split}.parquet")
+    name = f"parquet:{tmp_path / 't'}"
+    sampled = _load(name, image_shape=[1, 2, 2], stream=True, stats_rows=5)
+    assert sampled.train.x.pixels  # 0-255 integers in the 5 rows read at load
+    with pytest.raises(DataError, match=rf"train.parquet row {outside + 1} .*: holds 300, not a pixel 0-255 .*"
+                       r"set data.stats_rows: all"):  # fmt: skip
+        list(iterate_batches(sampled.train, 4, shuffle=False))
+    exact = _load(name, image_shape=[1, 2, 2], stream=True, stats_rows="all")
+    assert not exact.train.x.pixels and float(_all(exact.train).max()) > 0  # every row read: numbers, not pixels
 
 
 def test_bad_image_data_is_named_before_training(sources, tmp_path: Path):

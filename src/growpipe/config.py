@@ -120,16 +120,20 @@ class DataSpec(_Strict):
     """[channels, height, width]: a column of number lists (or the numeric columns) reshaped into images."""
     normalize: Literal["train", "none"] | NormalizeSpec = "train"
     """Image and table inputs standardised per channel (feature) with statistics of the training rows (train:
-    after limit_train and val_fraction), left as read (none), or {mean: [...], std: [...]}; stored in
-    checkpoints, so evaluate and the served model apply the same."""
+    after limit_train and val_fraction, a data.stats_rows sample of them), left as read (none), or {mean: [...],
+    std: [...]}; stored in checkpoints, so evaluate and the served model apply the same."""
+    stats_rows: int | Literal["all"] = 5000
+    """Rows read at load: a sample of this many training rows (drawn with the run's seed: the same rows in every
+    format) gives the data.normalize: train statistics, and as many rows of each split are checked (the others
+    when their batch is read); all: every row, exact statistics."""
     augment: list[Literal["random_crop", "hflip"]] = []
     """Training-split augmentation of images (torchvision.transforms.v2), seeded per batch: random_crop
     (with crop_padding) and hflip. Not with grow.cache.enabled (frozen blocks would see other inputs)."""
     crop_padding: int = Field(4, ge=0)
     """Pixels of zero padding on each side before random_crop crops back to the image size."""
     skip_bad_files: bool = False
-    """An image file that cannot be decoded (at load or mid-run) is skipped and counted (true) instead of
-    stopping the run."""
+    """An image file that cannot be decoded (among the rows read at load, or when its batch is read) is skipped
+    and counted (true) instead of stopping the run."""
     stream: bool | None = None
     """Read inputs from disk a batch at a time (bounded memory) instead of one tensor in memory: images of
     imagefolder: and Hugging Face image datasets (default yes), number columns of parquet:/csv:/json: (memory-
@@ -165,6 +169,13 @@ class DataSpec(_Strict):
         if v is not None and (len(v) != len(dims) or min(v) < 1):
             raise ValueError(f"got {v}; give [{', '.join(dims)}], each >= 1")
         return v
+
+    @field_validator("stats_rows", mode="before")
+    @classmethod
+    def _some_rows(cls, v: Any) -> Any:
+        if v == "all" or (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+            return v
+        raise ValueError(f"got {v!r}; give a number of rows >= 1, or all for exact statistics over every row")
 
     @field_validator("name")
     @classmethod

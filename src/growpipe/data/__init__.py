@@ -49,7 +49,7 @@ def load_data(spec: DataSpec, seed: int = 0) -> DataBundle:
     bundle.test = limit(bundle.test, spec.limit_test)
     if spec.val_fraction:
         bundle.train, bundle.val = hold_out(bundle.train, spec.val_fraction)
-    bundle = normalise(bundle, spec)  # statistics of the rows trained on
+    bundle = normalise(bundle, spec, seed)  # statistics of the rows trained on (a sample of data.stats_rows)
     bundle = apply_feature_groups(bundle, spec.feature_groups)
     if spec.augment:
         if bundle.kind != "image":

@@ -4,6 +4,7 @@ layout (SPLIT/CLASS/*.png|jpg under a directory or an fsspec URI such as file://
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -103,7 +104,7 @@ def scan_folder(uri: str) -> dict[str, list[tuple[str, str]]]:
                             f"{name}/CLASS/")  # fmt: skip
         for cdir in classes:
             cls = cdir.rstrip("/").rsplit("/", 1)[-1]
-            files = sorted(f for f in fs.ls(cdir, detail=False) if f.lower().endswith(IMAGE_SUFFIXES))
+            files = image_files(fs, cdir)
             if not files:
                 raise DataError(f"data.name: class folder {uri}/{name}/{cls} has no images ({', '.join(IMAGE_SUFFIXES)}"
                                 "); add images or remove the folder")  # fmt: skip
@@ -114,6 +115,19 @@ def scan_folder(uri: str) -> dict[str, list[tuple[str, str]]]:
         raise DataError(f"data.name: class {unseen[0]!r} is in {test}/ but not in train/ of {uri}; add its training "
                         "images or remove it")  # fmt: skip
     return out
+
+
+def image_files(fs: Any, folder: str) -> list[str]:
+    """The image files in `folder` (by suffix), sorted; a local folder listed by os.scandir (fsspec's local
+    listing costs about 20 us a file: a second per 50,000 images at load)."""
+    from fsspec.implementations.local import LocalFileSystem
+
+    if not isinstance(fs, LocalFileSystem):
+        return sorted(f for f in fs.ls(folder, detail=False) if f.lower().endswith(IMAGE_SUFFIXES))
+    base = folder.rstrip("/")
+    with os.scandir(base) as entries:  # names sorted: the paths' order, as they share the folder
+        names = sorted(e.name for e in entries if e.name.lower().endswith(IMAGE_SUFFIXES))
+    return [f"{base}/{n}" for n in names]
 
 
 def read_folder_images(

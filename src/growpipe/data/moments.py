@@ -1,6 +1,7 @@
 """Pixels to floats and per-channel standardisation, one way for data in memory and data read from disk, so
 a dataset gives the same inputs (bit for bit) whichever path reads it. Statistics come from the rows a run
-trains on: after data.limit_train and the validation hold-out."""
+trains on (after data.limit_train and the validation hold-out): a seeded sample of data.stats_rows of them,
+the same positions whichever format holds the rows, or all of them."""
 
 from __future__ import annotations
 
@@ -60,11 +61,21 @@ class Moments:
         return {"mean": mean.tolist(), "std": std.tolist()}
 
 
-def tensor_stats(x: torch.Tensor) -> dict[str, list[float]]:
-    """Per-channel statistics of a float32 tensor held in memory, summed in the chunks a disk scan uses."""
+def stats_sample(rows: int, stats_rows: int | str, seed: int) -> np.ndarray:
+    """The positions (ascending) of the rows read at load out of `rows`: every one when data.stats_rows is all
+    or not below `rows`, else that many drawn without replacement from `seed` (the run's), so every format
+    holding the rows in the same order picks the same ones."""
+    if stats_rows == "all" or int(stats_rows) >= rows:
+        return np.arange(rows)
+    return np.sort(np.random.default_rng(seed).choice(rows, int(stats_rows), replace=False))
+
+
+def tensor_stats(x: torch.Tensor, rows: np.ndarray) -> dict[str, list[float]]:
+    """Per-channel statistics of the rows `rows` of a float32 tensor held in memory, summed in the chunks a
+    disk scan uses."""
     m = Moments(x.shape[1])
-    for start in range(0, len(x), STATS_BATCH):
-        m.add(x[start : start + STATS_BATCH])
+    for start in range(0, len(rows), STATS_BATCH):
+        m.add(x[torch.from_numpy(rows[start : start + STATS_BATCH])])
     return m.stats()
 
 
@@ -79,10 +90,11 @@ def standardise(x: torch.Tensor, stats: dict[str, list[float]] | None, axis: int
     return (x - mean) / std
 
 
-def normalise(bundle: DataBundle, spec: DataSpec) -> DataBundle:
-    """Check the rows read from disk (each once: unreadable ones skipped with data.skip_bad_files, else named)
-    and standardise every split with the training rows' statistics, the given ones (data.normalize), or none.
-    Token ids (text) are left as they are."""
+def normalise(bundle: DataBundle, spec: DataSpec, seed: int = 0) -> DataBundle:
+    """Check a bounded sample of the rows read from disk (`stats_sample`: data.stats_rows of each split; the
+    others are checked as batches read them; unreadable ones skipped with data.skip_bad_files, else named)
+    and standardise every split with the training sample's statistics, the given ones (data.normalize), or
+    none. Token ids (text) are left as they are."""
     from growpipe.data.bundle import Split
 
     if bundle.kind == "text":
@@ -91,8 +103,10 @@ def normalise(bundle: DataBundle, spec: DataSpec) -> DataBundle:
     scanned = None
     for n in names:
         split = getattr(bundle, n)
-        if split.streamed:  # every row checked once; only the training rows' statistics are kept
-            stats, bad = split.x.scan(spec.skip_bad_files, measure=n == "train" and spec.normalize == "train")
+        if split.streamed:  # the sampled rows read once; only the training rows' statistics are kept
+            rows = stats_sample(len(split), spec.stats_rows, seed)
+            measure = n == "train" and spec.normalize == "train"
+            stats, bad = split.x.scan(rows, spec.skip_bad_files, measure=measure)
             scanned = stats if n == "train" else scanned
             if bad:
                 keep = torch.from_numpy(np.setdiff1d(np.arange(len(split)), bad))
@@ -102,7 +116,7 @@ def normalise(bundle: DataBundle, spec: DataSpec) -> DataBundle:
     if train.streamed:
         for n in names:
             getattr(bundle, n).x.pixels = train.x.pixels  # integer pixels are pixels in every split
-    stats = _chosen_stats(train, scanned, spec, bundle.name)
+    stats = _chosen_stats(train, scanned, spec, bundle.name, seed)
     for n in names:
         split = getattr(bundle, n)
         if split.streamed:
@@ -113,13 +127,15 @@ def normalise(bundle: DataBundle, spec: DataSpec) -> DataBundle:
     return bundle
 
 
-def _chosen_stats(train: Split, scanned: dict[str, list[float]] | None, spec: DataSpec,
-                  name: str) -> dict[str, list[float]] | None:  # fmt: skip
+def _chosen_stats(train: Split, scanned: dict[str, list[float]] | None, spec: DataSpec, name: str,
+                  seed: int) -> dict[str, list[float]] | None:  # fmt: skip
     norm = spec.normalize
     if norm == "none":
         return None
     if norm == "train":
-        return scanned if scanned is not None else tensor_stats(train.x)
+        if scanned is not None:
+            return scanned
+        return tensor_stats(train.x, stats_sample(len(train), spec.stats_rows, seed))
     count = train.shape[0]
     if len(norm.mean) != count:
         raise DataError(f"data.normalize: {len(norm.mean)} mean/std value(s) given but {name} has {count} "

@@ -34,7 +34,8 @@ class DiskRows:
         self.spec = spec
         self.name = name
         self.shape = shape
-        self.pixels = getattr(source, "images", None) is not None  # uint8 read as floats in [0, 1]
+        self.images = getattr(source, "images", None) is not None
+        self.pixels = self.images  # uint8 read as floats in [0, 1]
         self.stats: dict[str, list[float]] | None = None
         self.skipped = 0
 
@@ -48,10 +49,28 @@ class DiskRows:
         if self.shape and int(np.prod(arr.shape[1:])) == int(np.prod(self.shape)) and arr.ndim == 2:
             arr = arr.reshape(len(arr), *self.shape)  # number columns viewed as images (data.image_shape)
         if self.shape and arr.shape[1:] != self.shape:
-            raise DataError(f"{self.name}: the rows from {self.source.where(int(pos[0]))} on are {arr.shape[1:]} but "
-                            f"earlier ones {self.shape}; set data.image_size and data.channels (images) or fix "
-                            "them")  # fmt: skip
+            raise DataError(f"{self.name}: {self.source.where(int(pos[0]))} is {arr.shape[1:]} but the first row "
+                            f"{self.shape}; {self._fix(arr.shape[1:])}")  # fmt: skip
+        if self.pixels and not self.images:
+            self._check_pixels(arr, pos)
         return arr
+
+    def _fix(self, shape: tuple[int, ...]) -> str:
+        if not self.images:
+            return "give every row as many values"
+        if shape[0] != self.shape[0]:
+            return "set data.channels (1 or 3) to convert every image"
+        return "set data.image_size: [height, width] to resize every image"
+
+    def _check_pixels(self, arr: np.ndarray, pos: np.ndarray) -> None:
+        """DataError naming the first row of `arr` that is not pixels 0-255, as the rows read at load were."""
+        flat = arr.reshape(len(arr), -1)
+        odd = (flat < 0) | (flat > 255)  # an Arrow column has one type: integers in every row, as in the sample
+        if odd.any():
+            i = int(np.flatnonzero(odd.any(axis=1))[0])
+            raise DataError(f"{self.source.where(int(pos[i]))}: holds {flat[i][odd[i]][0]}, not a pixel 0-255 like the "
+                            "rows checked at load (data.stats_rows); set data.stats_rows: all to read every row as "
+                            "numbers, or fix the row")  # fmt: skip
 
     def tensor(self, idx: torch.Tensor | Iterable[int]) -> torch.Tensor:
         """The rows `idx` as floats (images in [0, 1]), standardised with `stats` when set."""
@@ -85,27 +104,35 @@ class DiskRows:
         rows.pixels, rows.stats = self.pixels, self.stats
         return rows
 
-    def scan(self, skip_bad: bool, measure: bool = True) -> tuple[dict[str, list[float]] | None, list[int]]:
-        """One pass over every row: per-channel (per-feature) mean and std (`Moments`, as for data in memory;
-        None unless `measure`) and the rows that do not decode (skipped when `skip_bad`, else the first raises
-        DataError naming its file). Integer columns that hold only 0-255 under data.image_shape are pixels,
-        read like images."""
+    def scan(self, rows: np.ndarray, skip_bad: bool,
+             measure: bool = True) -> tuple[dict[str, list[float]] | None, list[int]]:  # fmt: skip
+        """One pass over the rows `rows` (positions in this split, ascending; see `stats_sample`), read by
+        data.read_workers threads: their per-channel (per-feature) mean and std (`Moments`, summed in the
+        chunks used for data in memory; None unless `measure`) and those that do not decode (skipped when
+        `skip_bad`, else the first raises DataError naming its file). Integer columns that hold only 0-255
+        under data.image_shape are pixels, read like images."""
         as_read, as_pixels = Moments(self.shape[0]), Moments(self.shape[0])
         maybe_pixels = not self.pixels and self.spec.image_shape is not None
         bad: list[int] = []
-        for start in range(0, len(self), STATS_BATCH):
-            chunk = range(start, min(start + STATS_BATCH, len(self)))
+
+        def read_chunk(chunk: np.ndarray) -> tuple[list[np.ndarray], list[int]]:
             try:
-                parts = [self.read(chunk)]
+                return [self.read(chunk)], []
             except DataError:
                 if not skip_bad:
                     raise
-                parts = []
-                for i in chunk:  # find the bad ones row by row
-                    try:
-                        parts.append(self.read([i]))
-                    except DataError:
-                        bad.append(i)
+            parts, failed = [], []
+            for i in chunk.tolist():  # find the bad ones row by row
+                try:
+                    parts.append(self.read([i]))
+                except DataError:
+                    failed.append(i)
+            return parts, failed
+
+        chunks = (rows[start : start + STATS_BATCH] for start in range(0, len(rows), STATS_BATCH))
+        workers = self.spec.read_workers
+        for parts, failed in prefetch(chunks, read_chunk, workers, ahead=2 * max(workers, 1)):
+            bad += failed
             for x in parts:
                 maybe_pixels = maybe_pixels and np.issubdtype(x.dtype, np.integer) and x.min() >= 0 and x.max() <= 255
                 if measure:
