@@ -73,6 +73,22 @@ def own_blocks_only() -> bool:
     return os.environ.get(GROWPIPE_OWN_BLOCKS_ONLY, "") not in ("", "0")
 
 
+GROWPIPE_DIE_IN_EVAL = "GROWPIPE_DIE_IN_EVAL"
+"""Fault injection for tests: "STAGE:PATH" makes that stage's process exit at its first evaluation packet,
+once per run (it creates PATH first; a replacement that finds PATH goes on)."""
+
+
+def die_in_eval() -> tuple[int, str] | None:
+    """(stage, marker file) from GROWPIPE_DIE_IN_EVAL, or None."""
+    raw = os.environ.get(GROWPIPE_DIE_IN_EVAL)
+    if not raw:
+        return None
+    stage, _, path = raw.partition(":")
+    if not (stage.isdigit() and path):
+        raise ValueError(f"{GROWPIPE_DIE_IN_EVAL}={raw!r}: expected STAGE:PATH, e.g. 1:/tmp/died")
+    return int(stage), path
+
+
 GROWPIPE_STEP_DELAY_MS = "GROWPIPE_STEP_DELAY_MS"
 """Slows every stage's train step by this many milliseconds: for tests and demos of growing a running job
 (a tiny model's epochs are otherwise over before a new stage actor has started)."""
