@@ -41,15 +41,17 @@ def _assert_same_weights(net_a, net_b, atol=0.0):
 
 
 @pytest.mark.parametrize(
-    ("method", "window", "read"), [("al", 4, "disk"), ("scpl", 1, "memory"), ("dascpl", 4, "disk")]
+    ("method", "window", "read", "precision"),
+    [("al", 4, "disk", "fp32"), ("scpl", 1, "memory", "bf16"), ("dascpl", 4, "disk", "fp32")],
 )
-def test_pipeline_matches_reference_trainer(method, window, read, digits_on_disk, monkeypatch):
-    """Every rule, each window mode (one packet in flight, several) and each reader (memory, disk); at most
-    `window` packets in flight between two stages. The evaluation streams through the stages (no actor builds
-    a block it was not given) and reports what the reference trainer's does, early exit included."""
+def test_pipeline_matches_reference_trainer(method, window, read, precision, digits_on_disk, monkeypatch):
+    """Every rule, each window mode (one packet in flight, several), each reader (memory, disk) and each
+    precision (bf16: autocast, activations crossing the hops in bfloat16); at most `window` packets in flight
+    between two stages. The evaluation streams through the stages (no actor builds a block it was not given)
+    and reports what the reference trainer's does, early exit included."""
     monkeypatch.setenv("GROWPIPE_OWN_BLOCKS_ONLY", "1")
     disk = {"name": digits_on_disk, "image_shape": [1, 8, 8], "stream": True}
-    cfg = _small(method, window, **({"data": disk} if read == "disk" else {}))
+    cfg = _small(method, window, train={"precision": precision}, **({"data": disk} if read == "disk" else {}))
     reference = train_local(cfg, progress=None)
     with Pipeline(cfg) as p:
         result = p.train(progress=None)

@@ -292,6 +292,10 @@ class OptimSpec(_Strict):
     """Adam/AdamW: torch's fused kernel (one pass over each parameter; a 1280-wide MLP block step on one
     CPU thread: 25.4 -> 17.1 ms). false: the per-tensor loop (the figures in bench/RESULTS.md before
     2026-11-22 02:50 were made with it)."""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """fp32, or bf16: forward passes and losses under torch.autocast in bfloat16 (CPU and CUDA), weights and
+    optimizer state kept in fp32, activations handed between blocks (and stages) in bfloat16: half the bytes
+    per hop. Needs a device with bfloat16 (a CUDA GPU of compute capability 8.0+, or a CPU)."""
     on_nonfinite: Literal["stop", "skip_batch"] = "stop"
     """A non-finite (NaN or infinite) loss or gradient, found before the optimizer step: stop (the run ends
     with exit code 1, naming the block, epoch and batch; the newest checkpoint stays the resume point) or

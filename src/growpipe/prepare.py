@@ -16,6 +16,7 @@ from pathlib import Path
 from growpipe import envvars
 from growpipe.checkpoint import CheckpointStore, check_uri, run_folder_problem
 from growpipe.config import RunConfig
+from growpipe.device import precision_problem
 from growpipe.errors import ConfigError, GrowpipeError
 from growpipe.loop.callbacks import ProgressLog, RunCallback
 from growpipe.outputs import Kind, check_outputs
@@ -107,6 +108,8 @@ def check_run(cfg: RunConfig, outputs: dict[str, tuple[str | None, Kind]] | None
     server that does not answer)."""
     problems = []
     if embedded_ray and (why := embedded_capacity_problem(cfg)):
+        problems.append(why)
+    if why := precision_problem(cfg.train.precision, cfg.device):
         problems.append(why)
     if cfg.checkpoint.enabled:
         problems += checkpoint_problems(cfg, fresh)

@@ -15,12 +15,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import nn
 
 from growpipe.config import OptimSpec, RuleSettings
+from growpipe.device import COMPUTE_DTYPES, compute_context
 from growpipe.errors import NonFiniteError
 from growpipe.nn.backbones import build_encoder, dummy_input, dummy_side, output_shape
 from growpipe.nn.guard import guarded_update
@@ -79,6 +81,7 @@ class Block:
         self.info = info
         self.seed = rule.seed
         self.on_nonfinite = rule.optim.on_nonfinite
+        self.precision = rule.optim.precision
         self.steps = 0
         self.index = spec.index
         self.modules = nn.ModuleDict({"f": build_encoder(spec.encoder, info)})
@@ -119,13 +122,25 @@ class Block:
         if self.frozen:
             return self.forward(p), {}
         self.modules.train()
-        with seeded(block_seed(self.seed, self.index, self.steps)):
+        with seeded(block_seed(self.seed, self.index, self.steps)), self.computing():
             try:
                 out, metrics = self.local_step(p)
             except NonFiniteError as e:
                 raise e.located(where=self.name, batch=p.index) from None
         self.steps += 1
-        return out, metrics
+        return self.handed_on(out), metrics
+
+    def computing(self) -> Any:
+        """The context forward passes and losses run in (train.precision: bf16 autocast, or nothing)."""
+        return compute_context(self.device, self.precision)
+
+    def handed_on(self, out: Packet) -> Packet:
+        """The output as the next block gets it: activations in the compute dtype (bf16 halves a hop)."""
+        if self.precision == "fp32":
+            return out
+        dtype = COMPUTE_DTYPES[self.precision]
+        cast = lambda v: v.to(dtype) if v is not None and v.is_floating_point() else v  # noqa: E731
+        return replace(out, x=cast(out.x), t=cast(out.t))
 
     def local_step(self, p: Packet) -> tuple[Packet, dict[str, float]]:
         """The rule's forward and losses, then `learn` (modules are in train mode)."""
@@ -140,8 +155,10 @@ class Block:
     def forward(self, p: Packet) -> Packet:
         """The block's output packet, without learning (eval mode)."""
         self.modules.eval()
-        s, mask, side = self.encode(p)
-        return Packet(x=s, y=p.y, t=self._forward_code(p), mask=mask, side=side, index=p.index)
+        with self.computing():
+            s, mask, side = self.encode(p)
+            out = Packet(x=s, y=p.y, t=self._forward_code(p), mask=mask, side=side, index=p.index)
+        return self.handed_on(out)
 
     def _forward_code(self, p: Packet) -> torch.Tensor | None:
         """The label code passed on by forward (AL only)."""

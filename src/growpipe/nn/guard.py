@@ -94,7 +94,9 @@ def guarded_update(losses: dict[str, torch.Tensor], optimizers: Sequence[torch.o
     averages the gradients over every worker; only those decide, so every replica takes the same step."""
     for opt in optimizers:
         opt.zero_grad(set_to_none=True)
-    functools.reduce(operator.add, losses.values()).backward()
+    total = functools.reduce(operator.add, losses.values())
+    with torch.autocast(device_type=total.device.type, enabled=False):  # backward outside any bf16 autocast
+        total.backward()
     floats, problem = check_step(losses, optimizers, judge_losses=not replicated)
     if problem is None:
         for opt in optimizers:

@@ -23,10 +23,11 @@ def exit_probs(block: Any, out: Packet, decoders: Sequence[Decode]) -> torch.Ten
     nearest first."""
     if not block.has_exit:
         return None
-    z = block.exit(out)
-    if block.exit_decodes:
-        for decode in decoders:
-            z = decode(z)
+    with block.computing():
+        z = block.exit(out)
+        if block.exit_decodes:
+            for decode in decoders:
+                z = decode(z)
     return torch.softmax(z.float(), 1)
 
 

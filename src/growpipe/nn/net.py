@@ -155,11 +155,12 @@ class GrowableNet:
         return out
 
     def _to_logits(self, block: Block, out: Packet) -> torch.Tensor:
-        z = block.exit(out)
-        if block.exit_decodes:
-            for decode in self.decoders_below(block.index):
-                z = decode(z)
-        return z
+        with block.computing():
+            z = block.exit(out)
+            if block.exit_decodes:
+                for decode in self.decoders_below(block.index):
+                    z = decode(z)
+        return z.float()
 
     def decoders_below(self, index: int) -> list[Decode]:
         """The decoders of the blocks under block `index`, the nearest first (an AL exit is decoded by them)."""

@@ -84,16 +84,23 @@ class Packet:
 
 
 def _to_wire(v: torch.Tensor | None) -> Any:
+    if v is not None and v.dtype == torch.bfloat16:  # numpy has no bfloat16: its bits travel as int16
+        return _BF16, v.detach().cpu().view(torch.int16).numpy()
     if v is None or v.dtype not in _NUMPY_SAFE:
         return v if v is None else v.detach().cpu()
     return v.detach().cpu().numpy()
 
 
 def _from_wire(v: Any) -> torch.Tensor | None:
+    if isinstance(v, tuple) and v and v[0] == _BF16:
+        return _from_wire(v[1]).view(torch.bfloat16)  # type: ignore[union-attr]
     if isinstance(v, np.ndarray):
         # Ray hands out read-only views of its buffers; torch needs memory it may write
         return torch.from_numpy(v if v.flags.writeable else v.copy())
     return v
+
+
+_BF16 = "bf16"
 
 
 def _packet_from_wire(x: Any, y: Any, t: Any, mask: Any, side: dict[str, Any], index: int,

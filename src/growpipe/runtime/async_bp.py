@@ -108,12 +108,13 @@ class AsyncBPStage(BPStage):
             p = upstream.to(self.device)
             x_in = p.x.detach().requires_grad_(p.x.is_floating_point())
         x = p.x if x_in is None else x_in
-        s, mask, logits, side = functional_call(self.wrapped, {f"m.{n}": w for n, w in weights.items()},
-                                                (x, p.mask, p.side))  # fmt: skip
-        result = F.cross_entropy(logits, p.y) if self.last else s
+        with block.computing():
+            s, mask, logits, side = functional_call(self.wrapped, {f"m.{n}": w for n, w in weights.items()},
+                                                    (x, p.mask, p.side))  # fmt: skip
+            result = F.cross_entropy(logits, p.y) if self.last else s
         self.saved[batch] = (x_in, result, weights)
         self.stats.samples += len(p.y)
-        return None if self.last else Packet(x=s.detach(), y=p.y, mask=mask, side=side, index=batch)
+        return None if self.last else block.handed_on(Packet(x=s.detach(), y=p.y, mask=mask, side=side, index=batch))
 
     @busy
     def backward(self, batch: int, grad: torch.Tensor | None) -> torch.Tensor | None:  # type: ignore[override]
@@ -129,7 +130,7 @@ class AsyncBPStage(BPStage):
         elif grad is None:  # the last stage skipped this mini-batch (train.on_nonfinite: skip_batch)
             return self._skip(block)
         else:
-            result.backward(grad.to(self.device))
+            result.backward(grad.to(self.device, result.dtype))
         live = dict(block.modules.named_parameters())
         for n, p in live.items():
             p.grad = weights[n].grad

@@ -105,12 +105,13 @@ class BPStage(StageBase):
         if block.frozen:
             return None
         if self.last:
-            logits = block.modules["cls"](block.features(out.x, out.mask))
-            loss = F.cross_entropy(logits, out.y) * share  # shares sum to 1: the mini-batch's mean loss
+            with block.computing():
+                logits = block.modules["cls"](block.features(out.x, out.mask))
+                loss = F.cross_entropy(logits, out.y) * share  # shares sum to 1: the mini-batch's mean loss
             loss.backward()
             self.batch_loss += float(loss.detach())
         else:
-            out.x.backward(grad.to(self.device))
+            out.x.backward(grad.to(self.device, out.x.dtype))
         if x_in is None or x_in.grad is None:
             return None
         return x_in.grad.detach().cpu()

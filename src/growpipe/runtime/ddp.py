@@ -117,7 +117,8 @@ class Replica:
                 break
             mine = idx[self.rank :: self.world]  # this worker's shard of the global mini-batch
             x, y = split.batch(mine, epoch)
-            loss = F.cross_entropy(self.model(x.to(device), None, {}), y.to(device))
+            with last.computing():
+                loss = F.cross_entropy(self.model(x.to(device), None, {}), y.to(device))
             try:  # the backward inside: DDP averages the gradients of all workers there
                 optimizers = [b.optimizers["all"] for b in trainable]
                 metrics = guarded_update({"ce": loss}, optimizers, last.on_nonfinite, replicated=True)

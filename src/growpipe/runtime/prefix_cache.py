@@ -93,13 +93,14 @@ class PrefixCache:
             )
         self.dir = Path(tempfile.mkdtemp(prefix="growpipe-cache-", dir=self.spill_root))
         for k, v in rows.items():
+            bf16 = v.dtype == torch.bfloat16  # numpy has no bfloat16: its bits are kept as int16
             arr = np.lib.format.open_memmap(
                 self.dir / f"{k.replace('/', '_')}.npy",
                 mode="w+",
-                dtype=v.numpy().dtype,
+                dtype=np.int16 if bf16 else v.numpy().dtype,
                 shape=(self.n, *v.shape[1:]),
             )
-            self.tensors[k] = torch.from_numpy(arr)
+            self.tensors[k] = torch.from_numpy(arr).view(torch.bfloat16) if bf16 else torch.from_numpy(arr)
 
 
 def _rows(p: Packet) -> dict[str, torch.Tensor]:

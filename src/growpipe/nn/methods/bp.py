@@ -27,8 +27,9 @@ class BPBlock(Block):
     def forward_with_grad(self, p: Packet) -> Packet:
         """Forward in train mode keeping the autograd graph (for end-to-end training)."""
         self.modules.train()
-        s, mask, side = self.encode(p)
-        return Packet(x=s, y=p.y, mask=mask, side=side, index=p.index)
+        with self.computing():
+            s, mask, side = self.encode(p)
+        return self.handed_on(Packet(x=s, y=p.y, mask=mask, side=side, index=p.index))
 
     def train_step(self, p: Packet) -> tuple[Packet, dict[str, float]]:
         """A block trained alone end to end (the only trainable block of its net)."""
@@ -51,8 +52,9 @@ def train_chain(blocks: list[BPBlock], p: Packet) -> tuple[Packet, dict[str, flo
     with seeded(block_seed(last.seed, last.index, last.steps)):
         for b in blocks:
             p = b.forward(p) if b.frozen else b.forward_with_grad(p)
-        logits = last.modules["cls"](last.features(p.x, p.mask))
-        loss = F.cross_entropy(logits, p.y)
+        with last.computing():
+            logits = last.modules["cls"](last.features(p.x, p.mask))
+            loss = F.cross_entropy(logits, p.y)
         try:
             metrics = guarded_update({"ce": loss}, [b.optimizers["all"] for b in trainable], last.on_nonfinite)
         except NonFiniteError as e:
