@@ -171,3 +171,16 @@ def test_guard_benchmark_quick_times_both_variants(tmp_path: Path):
     rows = json.loads(out.read_text())["rows"]
     assert [r["method"] for r in rows] == ["al", "bp"]
     assert all(r["guard_ms"] > 0 and r["losses_only_ms"] > 0 and r["ratio"] > 0 for r in rows)
+
+
+def test_precision_benchmark_quick_trains_each_rule_in_both_precisions(tmp_path: Path):
+    out = tmp_path / "precision.json"
+    _run_bench("precision", ["--quick", "--methods", "bp", "--epochs", "1", "--json-out", str(out)])
+    r = json.loads(out.read_text())
+    assert [(row["method"], row["precision"]) for row in r["rows"]] == [("bp", "fp32"), ("bp", "bf16")]
+    fp32, bf16 = r["rows"]
+    assert (fp32["hop_dtype"], bf16["hop_dtype"]) == ("float32", "bfloat16")
+    assert fp32["hop_bytes_per_sample"] == 2 * bf16["hop_bytes_per_sample"] == 4 * 32  # 32 wide
+    assert all(0 <= row["test_accuracy"] <= 1 and row["seconds_per_epoch"] > 0 for row in r["rows"])
+    (vs,) = r["bf16_vs_fp32"]
+    assert vs["hop_bytes_ratio"] == 0.5 and vs["time_ratio"] > 0

@@ -150,7 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "cluster (seconds to shrink and to spread out, samples/s); data: stage 0's reader per format "
                     "against its block, peak RSS against dataset size; text-ablation: the seeds' text settings one "
                     "at a time; lstm-speed: a BiLSTM step packed vs padded; lstm-pooling: how alike SCPL's BiLSTM "
-                    "features end, per pooling; guard: what the divergence guard costs a step")  # fmt: skip
+                    "features end, per pooling; guard: what the divergence guard costs a step; precision: bf16 against "
+                    "fp32 (accuracy, seconds/epoch, bytes per hop)")  # fmt: skip
     be.add_argument("args", nargs=argparse.REMAINDER, help="e.g. --quick --json-out FILE")
 
     ml = sub.add_parser("mlflow", help="MLflow helpers: send a run's entries that could not be sent")
@@ -377,6 +378,7 @@ BENCHES = {
     "lstm-pooling": "lstm_pooling.py",
     "lstm-speed": "lstm_speed.py",
     "pipeline": "pipeline.py",
+    "precision": "precision.py",
     "reference": "reference.py",
     "text-ablation": "text_ablation.py",
 }
