@@ -317,9 +317,12 @@ class RunLoop:
         self.train_seconds += seconds
         self.samples += samples
         self._epoch_open = False  # no progress bar from here: the epoch's line comes next
+        t0 = time.perf_counter()
         ev = self.last_eval = self.engine.evaluate()
+        eval_seconds = time.perf_counter() - t0
         depth = len(self.specs)
         row = epoch_row(epoch, self.cfg, depth, depth - len(self.frozen), losses, ev, samples, seconds, skipped)
+        row.update(eval_seconds=round(eval_seconds, 4), checkpoint_seconds=0.0, eval_bytes=ev.get("eval_bytes"))
         self.history.append(row)
         note_epoch(self.growth, row)
         notify(self.callbacks, "after_epoch", row, say=self.say)
@@ -449,11 +452,15 @@ class RunLoop:
         if self.store is None:
             return
         self.ckpt_seq += 1
+        t0 = time.perf_counter()
         path = self.store.dir_for(epoch, batch, self.ckpt_seq)
         shards = self.engine.save(path)
         manifest = {**self.record(), "epoch": epoch, "batch": batch, "seq": self.ckpt_seq, "shards": shards,
                     "layout": self.engine.layout()}  # fmt: skip
         ref = self.store.commit(path, manifest)
+        if self.history:  # the time writing restore points after an epoch's row counts in that row
+            row = self.history[-1]
+            row["checkpoint_seconds"] = round(row.get("checkpoint_seconds", 0.0) + time.perf_counter() - t0, 4)
         self.say(f"ckpt   {ref.path.rsplit('/', 1)[-1]} (epoch {epoch}, batch {batch})")
 
     def record(self) -> dict[str, Any]:

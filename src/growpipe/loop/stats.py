@@ -34,6 +34,10 @@ class StageStats:
     hops_ms: list[float] = field(default_factory=list)
     """From handing a packet on to the next stage starting it, queueing excluded."""
     max_inflight: int = 0
+    sent_bytes: int = 0
+    """Bytes of the activations it handed on to the next stage."""
+    peak_rss_mb: float = 0.0
+    """The largest resident memory its process has had (its block, optimizer, buffers, activations)."""
     loss_sums: dict[str, float] = field(default_factory=dict)
     loss_batches: dict[str, int] = field(default_factory=dict)
     skipped: dict[str, int] = field(default_factory=dict)
@@ -79,6 +83,8 @@ class StageStats:
             wall_s=self.wall_s + other.wall_s,
             hops_ms=self.hops_ms + other.hops_ms,
             max_inflight=max(self.max_inflight, other.max_inflight),
+            sent_bytes=self.sent_bytes + other.sent_bytes,
+            peak_rss_mb=max(self.peak_rss_mb, other.peak_rss_mb),
             loss_sums=sums,
             loss_batches=counts,
             skipped=skipped,
@@ -101,6 +107,8 @@ class StageStats:
             "utilisation": min(1.0, self.busy_s / self.wall_s) if self.wall_s else 0.0,
             "hop_ms_median": hops[len(hops) // 2] if hops else None,
             "max_inflight": self.max_inflight,
+            "sent_mb": round(self.sent_bytes / 2**20, 3),
+            "peak_rss_mb": round(self.peak_rss_mb, 1),
         }
 
 

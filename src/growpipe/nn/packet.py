@@ -66,6 +66,12 @@ class Packet:
     def batch_size(self) -> int:
         return int(self.x.shape[0])
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its tensors (what a hop carries)."""
+        parts = [self.x, self.y, self.t, self.mask, self.rows, *self.side.values()]
+        return sum(v.numel() * v.element_size() for v in parts if v is not None)
+
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # Crossing a process boundary (Ray), tensors travel as numpy arrays: Ray moves those without
         # torch's pickling (about 1 ms less per 450 KB packet here). Autograd history never crosses.

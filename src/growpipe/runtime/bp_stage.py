@@ -28,7 +28,7 @@ from growpipe.nn.guard import STOP_HINT, problem_after_backward
 from growpipe.nn.methods.bp import BPBlock
 from growpipe.nn.packet import Packet
 from growpipe.nn.specs import BlockSpec, InputInfo
-from growpipe.runtime.stage_base import StageBase
+from growpipe.runtime.stage_base import StageBase, peak_rss_mb
 
 F_ = TypeVar("F_", bound=Callable[..., Any])
 
@@ -94,7 +94,11 @@ class BPStage(StageBase):
         out = block.forward(p) if block.frozen else block.forward_with_grad(p)
         self.saved[micro] = (x_in, out, share)
         self.stats.samples += len(p.y)
-        return None if self.last else out.detached()
+        if self.last:
+            return None
+        out = out.detached()
+        self.stats.sent_bytes += out.nbytes
+        return out
 
     @busy
     def backward(self, micro: int, grad: torch.Tensor | None) -> torch.Tensor | None:
@@ -114,6 +118,7 @@ class BPStage(StageBase):
             out.x.backward(grad.to(self.device, out.x.dtype))
         if x_in is None or x_in.grad is None:
             return None
+        self.stats.sent_bytes += x_in.grad.numel() * x_in.grad.element_size()
         return x_in.grad.detach().cpu()
 
     @busy
@@ -166,6 +171,7 @@ class BPStage(StageBase):
         """This stage's statistics since the last call (the last stage's mean training loss over the
         mini-batches it stepped on among them), reset for the next."""
         stats, self.stats = self.stats, StageStats(self.index, self.stats.block)
+        stats.peak_rss_mb = peak_rss_mb()
         if self.last and self.loss_batches:
             stats.loss_sums = {f"b{self._require_block().index}.ce": self.loss_sum}
             stats.loss_batches = {f"b{self._require_block().index}.ce": self.loss_batches}

@@ -29,7 +29,7 @@ from growpipe.nn.block import Block
 from growpipe.nn.packet import Packet
 from growpipe.nn.specs import BlockSpec, InputInfo
 from growpipe.runtime.prefix_cache import PrefixCache
-from growpipe.runtime.stage_base import StageBase
+from growpipe.runtime.stage_base import StageBase, peak_rss_mb
 from growpipe.runtime.transport import DirectEndpoint
 
 
@@ -167,6 +167,7 @@ class Stage(StageBase, DirectEndpoint):
         out = self.stats
         out.block = type(self.block).__name__ if self.block else "?"
         out.node, out.device = ray.get_runtime_context().get_node_id(), str(self.device)
+        out.peak_rss_mb = peak_rss_mb()
         self.stats = StageStats(self.index)
         self.last_end = None
         self.recording = False
@@ -225,6 +226,7 @@ class Stage(StageBase, DirectEndpoint):
         self.inflight.append(
             (self.push_downstream(self.downstream, group, time.time(), self._sending_cache), len(group))
         )
+        self.stats.sent_bytes += sum(p.nbytes for p in group)
         self.inflight_packets += len(group)
         self.stats.max_inflight = max(self.stats.max_inflight, self.inflight_packets)
 

@@ -49,6 +49,7 @@ class StageBase:
             growpipe.nn.block.BUILD_HOOK = self._only_own
         self._eval: dict[Any, dict[int, torch.Tensor]] = {}  # an evaluation pass: per exit, per batch, probs
         self._early: EarlyExit | None = None
+        self._eval_sent = 0  # bytes of the activations an evaluation pass handed on
 
     # ---- the data (stage 0) -------------------------------------------------------------------------
     def load_data(self) -> tuple[InputInfo, dict[str, Any]]:
@@ -191,15 +192,18 @@ class StageBase:
                 return None
             p, rows = rest, rest.rows
         p.rows = rows
-        return p.to("cpu")
+        p = p.to("cpu")
+        self._eval_sent += p.nbytes
+        return p
 
     def eval_results(self) -> dict[Any, Any]:
         """What the last pass kept here, then forgotten: per exit depth the probabilities of every sample in
         order (and stage 0: the labels, under "labels"), or the samples that left here ("exited")."""
-        out = {k: torch.cat([v[b] for b in sorted(v)]) for k, v in self._eval.items()}
+        out: dict[Any, Any] = {k: torch.cat([v[b] for b in sorted(v)]) for k, v in self._eval.items()}
         if self._early is not None:
             out["exited"] = self._early.result()
-        self._eval, self._early = {}, None
+        out["sent_bytes"] = self._eval_sent
+        self._eval, self._early, self._eval_sent = {}, None, 0
         return out
 
     def cost_parts(self) -> list[tuple[int, int, int, int, bool, bool]]:
@@ -212,6 +216,13 @@ class StageBase:
         if part is None:
             raise StageError(f"stage {self.index}: the data has no {split} split")
         return part
+
+
+def peak_rss_mb() -> float:
+    """The largest resident memory this process has had, in MiB."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
 def cpu_copy(obj: Any) -> Any:

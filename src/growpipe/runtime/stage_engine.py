@@ -61,6 +61,7 @@ class StageEngine:
         self.info: InputInfo | None = None
         self._shared_pg: Any = None
         self._reserved_pg, self._next_bundle = reserved if reserved else (None, 0)
+        self._eval_bytes = {"activations": 0, "results": 0}
         self._early: dict[int, Slot] = {}  # stages open() started before their blocks were planned
 
     # ---- placement ------------------------------------------------------------------------------------
@@ -138,12 +139,14 @@ class StageEngine:
         probabilities; only those come back. No block's weights leave its actor (AL's label-side decoders
         excepted: the stages above read their exits through them)."""
         self._share_decoders()
+        self._eval_bytes = {"activations": 0, "results": 0}
         test = self._predictions("test")
         ev = evaluate_exits(test, self.cfg.eval.thresholds, self.cfg.eval.confidence, self._exit_costs())
         ev["val_accuracy"] = None
         if self.cfg.data.val_fraction > 0:  # the held-out split (DataBundle.val)
             val = self._predictions("val")
             ev["val_accuracy"] = val.accuracy(val.depths[-1])
+        ev["eval_bytes"] = self._eval_bytes  # activations between the stages, probabilities back: no weights
         return ev
 
     def measure_early_exit(self, threshold: float) -> dict[str, Any]:
@@ -193,6 +196,8 @@ class StageEngine:
     def _predictions(self, split: str) -> ExitPredictions:
         kept, _ = self._pass(split, ALL_EXITS)
         probs = {d: v for part in kept for d, v in part.items() if isinstance(d, int)}
+        self._eval_bytes["activations"] += sum(part["sent_bytes"] for part in kept)
+        self._eval_bytes["results"] += sum(v.numel() * v.element_size() for v in probs.values())
         return ExitPredictions(sorted(probs), probs, kept[0]["labels"])
 
     def _early_pass(self, threshold: float | None) -> tuple[Exited, float, Any]:
