@@ -184,3 +184,15 @@ def test_precision_benchmark_quick_trains_each_rule_in_both_precisions(tmp_path:
     assert all(0 <= row["test_accuracy"] <= 1 and row["seconds_per_epoch"] > 0 for row in r["rows"])
     (vs,) = r["bf16_vs_fp32"]
     assert vs["hop_bytes_ratio"] == 0.5 and vs["time_ratio"] > 0
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_scale_benchmark_quick_measures_a_cell_the_model_and_early_exit(tmp_path: Path):
+    out = tmp_path / "scale.json"
+    assert _bench_module("scale").main(["--quick", "--json-out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    (cell,) = result["cells"]
+    assert cell["stages"] == 2 and cell["train_seconds"] > 0 and cell["predicted_train_seconds"] > 0
+    assert cell["eval_bytes_mb"]["results"] > 0 and len(cell["peak_rss_mb"]) == 2
+    assert [f["stages"] for f in result["forecast"]] == [16, 32, 64]
+    assert [e["threshold"] for e in result["early_exit"]] == [1.0, 0.9, 0.7]

@@ -151,7 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "against its block, peak RSS against dataset size; text-ablation: the seeds' text settings one "
                     "at a time; lstm-speed: a BiLSTM step packed vs padded; lstm-pooling: how alike SCPL's BiLSTM "
                     "features end, per pooling; guard: what the divergence guard costs a step; precision: bf16 against "
-                    "fp32 (accuracy, seconds/epoch, bytes per hop)")  # fmt: skip
+                    "fp32 (accuracy, seconds/epoch, bytes per hop); scale: 0.1 M-100 M parameters per block x K "
+                    "stages (training, evaluation, checkpoint seconds, bytes, peak RSS), the cost model, early exit "
+                    "timed")  # fmt: skip
     be.add_argument("args", nargs=argparse.REMAINDER, help="e.g. --quick --json-out FILE")
 
     ml = sub.add_parser("mlflow", help="MLflow helpers: send a run's entries that could not be sent")
@@ -378,6 +380,7 @@ BENCHES = {
     "lstm-pooling": "lstm_pooling.py",
     "lstm-speed": "lstm_speed.py",
     "pipeline": "pipeline.py",
+    "scale": "scale.py",
     "precision": "precision.py",
     "reference": "reference.py",
     "text-ablation": "text_ablation.py",

@@ -1,0 +1,245 @@
+"""How the Ray pipeline scales with the size of a block and the number of stages, and a cost model from it.
+
+For MLP blocks of about 0.1 M to 100 M parameters each (DASCPL on Fashion-MNIST) and K stages (one actor
+each, on this machine's cores), one run per cell, two epochs (the second is reported; a checkpoint after
+every epoch):
+
+- training, evaluation and checkpoint seconds of the epoch; the evaluation's bytes (activations between the
+  stages, probabilities back) against the bytes of the weights (what gathering the net would move);
+  activation bytes handed on in training; peak RSS of every stage actor;
+- the cost model (growpipe.costmodel) from step times `growpipe partition` profiles in one process, a hop
+  cost and a bandwidth measured between two actors, and this machine's cores: predicted against measured
+  training epochs, and its prediction for K = 16-64 stages on a described cluster (--cluster FILE: YAML with
+  step_ms, packet_mb, hop_ms, mb_per_s, parallel; default: one device per stage like this machine's core);
+- real early exit in one process on a trained DASCPL net: measured time per sample at thresholds 1.0, 0.9
+  and 0.7 against the MACs the accounting says each saves.
+
+    .venv/bin/growpipe bench scale --json-out bench/out/scale.json
+    .venv/bin/growpipe bench scale --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from growpipe.api import train  # noqa: E402
+from growpipe.config import RunConfig, build_config  # noqa: E402
+from growpipe.costmodel import Hardware, epoch_seconds, predict, relative_error  # noqa: E402
+from growpipe.fsutil import atomic_write_json  # noqa: E402
+from growpipe.partition import plan_partition  # noqa: E402
+
+BATCH = 64
+
+
+def width_for(params: float) -> int:
+    """The MLP width whose square (a hidden block's weights) is about `params`."""
+    return max(8, round(math.sqrt(params)))
+
+
+INPUTS = {"fashion-mnist": 784, "digits": 64}
+"""Input features per sample of the datasets the benchmark uses (the first block's fan-in)."""
+
+
+def run_config(width: int, stages: int, batches: int, ck: str, data: str = "fashion-mnist") -> RunConfig:
+    """DASCPL, `stages` one-layer MLP blocks of `width` units on flattened images, two epochs, a checkpoint
+    every epoch into `ck`."""
+    return build_config({
+        "method": "dascpl", "seed": 0, "threads": 1,
+        "data": {"name": data, "batch_size": BATCH, "limit_train": batches * BATCH, "limit_test": 1024},
+        "net": {"backbone": "mlp", "blocks": stages, "width": width, "layers_per_block": 1},
+        "scpl": {"projector": "linear", "proj_dim": 64},
+        "train": {"epochs": 2},
+        "tracking": {"mlflow": False},
+        "checkpoint": {"enabled": True, "uri": ck, "every_epochs": 1, "keep": 1, "overwrite": True},
+        "runtime": {"cpus_per_stage": 1, "timeline_epoch": 0, "dashboard": False, "stage_timeout_s": 1800},
+    })  # fmt: skip
+
+
+@ray.remote(num_cpus=0)
+class _Sink:
+    def take(self, x: np.ndarray) -> int:
+        return int(x.nbytes)
+
+
+def measure_link(sizes_mb: tuple[float, ...] = (0.0001, 1.0, 8.0, 32.0), repeats: int = 9) -> tuple[float, float]:
+    """(fixed ms per actor call, MiB/s): a line through the median time of handing arrays of `sizes_mb` to
+    another actor and back the call's answer."""
+    sink = _Sink.remote()
+    ray.get(sink.take.remote(np.zeros(1, np.float32)))
+    points = []
+    for mb in sizes_mb:
+        x = np.random.default_rng(0).random(int(mb * 2**20 / 4), dtype=np.float32)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            ray.get(sink.take.remote(x))
+            times.append((time.perf_counter() - t0) * 1000)
+        points.append((mb, statistics.median(times)))
+    ray.kill(sink)
+    slope, intercept = np.polyfit([p[0] for p in points], [p[1] for p in points], 1)
+    return max(float(intercept), 0.01), 1000.0 / max(float(slope), 1e-6)
+
+
+def weights_mb(width: int, stages: int, inputs: int) -> float:
+    """About what the blocks' weights and optimizer state weigh (what gathering the net moves): inputs x w
+    for the first block, w x w for the others, x 3 (weights and Adam's two moments), fp32."""
+    params = inputs * width + (stages - 1) * width * width
+    return params * 4 * 3 / 2**20
+
+
+def one_cell(width: int, stages: int, batches: int, cores: int, link: tuple[float, float], tmp: str,
+             data: str) -> dict[str, Any]:  # fmt: skip
+    """One run of `stages` blocks of `width` units: its measured second epoch and the model's prediction."""
+    cfg = run_config(width, stages, batches, tmp, data)
+    profile = plan_partition(cfg, stages)
+    t0 = time.perf_counter()
+    result = train(cfg, runtime="ray", progress=None, keep_net=False).result
+    wall = time.perf_counter() - t0
+    row = result["history"][-1]
+    hw = Hardware(parallel=min(cores, stages), hop_ms=link[0], mb_per_s=link[1])
+    packet_mb = BATCH * width * 4 / 2**20
+    predicted = epoch_seconds(profile["predicted_stage_ms"], batches, packet_mb, hw)
+    epoch = row["seconds"]
+    stages_rows = result["stages"]
+    return {
+        "width": width,
+        "params_per_block": width * width,
+        "stages": stages,
+        "batches": batches,
+        "train_seconds": round(epoch, 3),
+        "eval_seconds": row["eval_seconds"],
+        "checkpoint_seconds": row["checkpoint_seconds"],
+        "eval_plus_checkpoint_share": round(
+            (row["eval_seconds"] + row["checkpoint_seconds"])
+            / (epoch + row["eval_seconds"] + row["checkpoint_seconds"]),
+            4,
+        ),  # fmt: skip
+        "eval_bytes_mb": {k: round(v / 2**20, 3) for k, v in (row["eval_bytes"] or {}).items()},
+        "weights_mb": round(weights_mb(width, stages, INPUTS[data]), 1),
+        "train_activations_mb_per_epoch": round(sum(s["sent_mb"] for s in stages_rows) / len(result["history"]), 2),
+        "peak_rss_mb": [s["peak_rss_mb"] for s in stages_rows],
+        "profiled_step_ms": profile["predicted_stage_ms"],
+        "predicted_train_seconds": round(predicted, 3),
+        "model_error": round(relative_error(predicted, epoch), 4),
+        "wall_seconds": round(wall, 1),
+        "test_accuracy": result["test_accuracy"],
+    }
+
+
+def _line(row: dict[str, Any]) -> str:
+    parts = [
+        f"w={row['width']:>6} ({row['params_per_block'] / 1e6:7.2f} M/block) K={row['stages']}:",
+        f"train {row['train_seconds']:.2f}s (model {row['predicted_train_seconds']:.2f}s,",
+        f"{100 * row['model_error']:.0f}% off), eval {row['eval_seconds']:.2f}s,",
+        f"ckpt {row['checkpoint_seconds']:.2f}s ({100 * row['eval_plus_checkpoint_share']:.0f}% of the epoch),",
+        f"eval bytes {sum(row['eval_bytes_mb'].values()):.1f} MB vs weights {row['weights_mb']:.0f} MB,",
+        f"peak RSS {max(row['peak_rss_mb']):.0f} MB (stage 0 {row['peak_rss_mb'][0]:.0f})",
+    ]
+    return " ".join(parts)
+
+
+def early_exit_timing(quick: bool) -> list[dict[str, Any]]:
+    """A DASCPL net trained in one process; real early exit at 1.0 (the full path), 0.9 and 0.7: measured
+    seconds per sample against the MACs the accounting gives for the same exits."""
+    from growpipe.data import load_data
+    from growpipe.evaluation import measure_early_exit
+    from growpipe.local import train_local
+
+    cfg = build_config({
+        "method": "dascpl", "seed": 0, "threads": 1,
+        "data": {"name": "digits" if quick else "fashion-mnist", "batch_size": 128,
+                 "limit_train": None if quick else 20000, "limit_test": None if quick else 5000},
+        "net": {"backbone": "mlp", "blocks": 4, "width": 256 if quick else 1024},
+        "train": {"epochs": 1 if quick else 4}, "tracking": {"mlflow": False}, "checkpoint": {"enabled": False},
+    })  # fmt: skip
+    torch.set_num_threads(1)
+    run = train_local(cfg, progress=None)
+    bundle = run.bundle or load_data(cfg.data, cfg.seed)
+    full = run.result["test_accuracy"]
+    rows = []
+    for th in (1.0, 0.9, 0.7):
+        m = measure_early_exit(run.net, bundle, cfg.eval, th)
+        rows.append({
+            "threshold": th, "accuracy": round(m["accuracy"], 4), "points_lost": round(100 * (full - m["accuracy"]), 2),
+            "mean_depth": round(m["mean_depth"], 3), "time_saved": round(m["time_saved_fraction"], 4),
+            "macs_saved": round(m["macs_saved_fraction"], 4),
+            "time_over_macs": round(m["time_saved_fraction"] / m["macs_saved_fraction"], 3)
+            if m["macs_saved_fraction"] > 0 else None,
+            "us_per_sample": round(1e6 * m["seconds_per_sample"], 2),
+        })  # fmt: skip
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="one tiny digits cell (K = 2), a tiny early-exit net")
+    ap.add_argument("--params", default="1e5,1e6,1e7", help="parameters per block of the K sweep (comma-separated)")
+    ap.add_argument("--stages", default="2,4,8", help="K values of the sweep")
+    ap.add_argument("--largest", type=float, default=1e8, help="one more cell at this size with K = 2 (0: none)")
+    ap.add_argument("--batches", type=int, default=16, help="batches per epoch of the sweep's cells")
+    ap.add_argument("--largest-batches", type=int, default=48, help="batches per epoch of the largest cell")
+    ap.add_argument("--cluster", metavar="YAML", help="the cluster to predict K = 16-64 for (see the docstring)")
+    ap.add_argument("--json-out", metavar="FILE", help="write the figures as JSON")
+    args = ap.parse_args(argv)
+    cores = os.cpu_count() or 1
+    cells = [(width_for(float(p)), int(k)) for p in args.params.split(",") for k in args.stages.split(",")]
+    batches = args.batches
+    if args.quick:
+        cells, batches, args.largest = [(64, 2)], 4, 0
+    if args.largest:
+        cells.append((width_for(args.largest), 2))
+    owns = not ray.is_initialized()
+    if owns:
+        ray.init(num_cpus=max(8, *(k for _, k in cells)), include_dashboard=False, log_to_driver=False)
+    try:
+        link = measure_link((0.0001, 1.0) if args.quick else (0.0001, 1.0, 8.0, 32.0), 3 if args.quick else 9)
+        print(f"link: {link[0]:.2f} ms per call, {link[1]:.0f} MiB/s; {cores} cores")
+        rows = []
+        with tempfile.TemporaryDirectory(prefix="growpipe-scale-") as tmp:
+            for width, k in cells:
+                n = args.largest_batches if args.largest and width == width_for(args.largest) else batches
+                row = one_cell(width, k, n, cores, link, tmp, "digits" if args.quick else "fashion-mnist")
+                rows.append(row)
+                print(_line(row), flush=True)
+        cluster = yaml.safe_load(Path(args.cluster).read_text()) if args.cluster else None
+        mid = [r for r in rows if r["stages"] == max(r2["stages"] for r2 in rows)] or rows
+        base = mid[0]
+        described = cluster or {"step_ms": statistics.median(base["profiled_step_ms"]), "packet_mb":
+                                BATCH * base["width"] * 4 / 2**20, "hop_ms": link[0], "mb_per_s": link[1]}  # fmt: skip
+        forecast = predict(described, [16, 32, 64], base["batches"])
+        for f in forecast:
+            print(f"predicted: K={f['stages']}: {f['epoch_seconds']:.2f} s per epoch of {base['batches']} batches")
+    finally:
+        if owns:
+            ray.shutdown()
+    exits = early_exit_timing(args.quick)
+    for e in exits:
+        print(
+            f"early exit at {e['threshold']}: accuracy {e['accuracy']} ({e['points_lost']} points), mean depth "
+            f"{e['mean_depth']}, time saved {100 * e['time_saved']:.1f}% vs MACs saved {100 * e['macs_saved']:.1f}%"
+        )
+    out = {"cores": cores, "link": {"hop_ms": link[0], "mb_per_s": link[1]}, "cells": rows,
+           "cluster": described, "forecast": forecast, "early_exit": exits}  # fmt: skip
+    if args.json_out:
+        print(f"JSON: {atomic_write_json(args.json_out, out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
