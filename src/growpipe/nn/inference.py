@@ -221,7 +221,8 @@ def early_exit_report(threshold: float, early: Exited, labels: torch.Tensor, sec
     the full path's, and the MACs per sample its exits cost (the accounting's figure for the same exits)."""
     n = max(len(labels), 1)
     cost = adaptive_costs(costs)
-    full_macs = cost[max(cost)]
+    last = max(costs)
+    full_macs = costs[last][0] + costs[last][1]  # the full path: every encoder and the last exit's head
     macs = float(sum(cost[int(d)] for d in early.depth)) / n
     per, full_per = seconds / n, full_seconds / n
     return {
