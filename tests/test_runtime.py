@@ -66,8 +66,8 @@ def test_pipeline_matches_reference_trainer(method, window, read, precision, dig
         (ref_early["threshold"], ref_early["accuracy"], ref_early["mean_depth"]))  # fmt: skip
     assert early["seconds_per_sample"] > 0 and early["full_path_seconds_per_sample"] > 0
     row = next(r for r in result["adaptive"] if r["threshold"] == early["threshold"])  # the accounting agrees
-    assert (early["mean_depth"], early["macs_saved_fraction"]) == pytest.approx((row["mean_depth"],
-                                                                                 row["macs_saved_fraction"]))  # fmt: skip
+    accounted = (row["mean_depth"], row["macs_saved_fraction"])
+    assert (early["mean_depth"], early["macs_saved_fraction"]) == pytest.approx(accounted)
     assert result["runtime"] == "ray" and len(result["stages"]) == 2
     assert 1 <= result["stages"][0]["max_inflight"] <= window and result["stages"][-1]["max_inflight"] == 0
 
