@@ -1,7 +1,8 @@
 """bf16 against fp32 (train.precision) on the reference trainer: the same config, seed and data trained in each
 precision, per learning rule: test accuracy (full path and every exit), seconds per epoch (median of the epochs
-after the first), bf16's accuracy gap (points) and time ratio to fp32, and the bytes one sample's activations
-take across a hop (the first block's output, numel x element size).
+after the first), bf16's accuracy gap in points (final epoch, and the last three epochs' mean) and time ratio
+to fp32, and the bytes one sample's activations take across a hop (the first block's output, numel x element
+size).
 
     .venv/bin/python bench/precision.py --json-out bench/out/precision-fm.json
     .venv/bin/python bench/precision.py --quick            # digits MLP 32 wide, 2 epochs: a smoke run
@@ -62,6 +63,7 @@ def run_one(config: Path, method: str, precision: str, overrides: list[str]) -> 
         "test_accuracy": s["test_accuracy"],
         "exit_depths": s["exit_depths"],
         "exit_accuracy": s["exit_accuracy"],
+        "epoch_accuracy": [row["test_accuracy"] for row in s["history"]],
         "epoch_seconds": epoch_s,
         "seconds_per_epoch": statistics.median(epoch_s[1:] or epoch_s),
         **hop_bytes(result),
@@ -71,8 +73,14 @@ def run_one(config: Path, method: str, precision: str, overrides: list[str]) -> 
     }
 
 
+def last3(row: dict) -> float:
+    """The mean full-path test accuracy of the last three epochs (one epoch's figure moves by a point or more)."""
+    return statistics.mean(row["epoch_accuracy"][-3:])
+
+
 def compare(rows: list[dict]) -> list[dict]:
-    """Per rule, bf16 against fp32: accuracy gap in points (full path and per exit), time and bytes ratios."""
+    """Per rule, bf16 against fp32: accuracy gap in points (full path, per exit, and the last three epochs'
+    mean), time and bytes ratios."""
     by = {(r["method"], r["precision"]): r for r in rows}
     out = []
     for method in dict.fromkeys(r["method"] for r in rows):
@@ -83,6 +91,7 @@ def compare(rows: list[dict]) -> list[dict]:
                 "accuracy_points": round(100 * (b["test_accuracy"] - a["test_accuracy"]), 2),
                 "exit_accuracy_points": [round(100 * (y - x), 2) for x, y in zip(a["exit_accuracy"],
                                                                                  b["exit_accuracy"], strict=True)],
+                "last3_points": round(100 * (last3(b) - last3(a)), 2),
                 "time_ratio": round(b["seconds_per_epoch"] / a["seconds_per_epoch"], 3),
                 "hop_bytes_ratio": round(b["hop_bytes_per_sample"] / a["hop_bytes_per_sample"], 3),
             }
@@ -94,17 +103,21 @@ def markdown(rows: list[dict], ratios: list[dict]) -> str:
     """The rows as a Markdown table; the bf16 rows carry their gap and ratios to fp32."""
     vs = {r["method"]: r for r in ratios}
     out = [
-        "| method | precision | test acc (full path) | vs fp32 (points) | accuracy per exit | s/epoch (median, "
-        "epochs 2+) | time vs fp32 | bytes/sample per hop | load (1 min, before/after) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| method | precision | test acc (full path) | vs fp32 (points) | vs fp32, last 3 epochs | accuracy per exit "
+        "| s/epoch (median, epochs 2+) | time vs fp32 | bytes/sample per hop | load (1 min, before/after) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         v = vs[r["method"]] if r["precision"] == "bf16" else None
-        gap, ratio = (f"{v['accuracy_points']:+.2f}", f"{v['time_ratio']:.2f}x") if v else ("-", "-")
+        gap, gap3, ratio = (
+            (f"{v['accuracy_points']:+.2f}", f"{v['last3_points']:+.2f}", f"{v['time_ratio']:.2f}x")
+            if v
+            else ("-",) * 3
+        )
         exits = ", ".join(f"@{d}: {a:.4f}" for d, a in zip(r["exit_depths"], r["exit_accuracy"], strict=True))
         out.append(
             f"| {r['method']} | {r['precision']} | {r['test_accuracy']:.4f} | "
-            f"{gap} | {exits} | {r['seconds_per_epoch']:.2f} | "
+            f"{gap} | {gap3} | {exits} | {r['seconds_per_epoch']:.2f} | "
             f"{ratio} | {r['hop_bytes_per_sample']:,} ({r['hop_dtype']}) | "
             f"{r['load_1min'][0]:.2f} / {r['load_1min'][1]:.2f} |"
         )
