@@ -195,4 +195,4 @@ def test_scale_benchmark_quick_measures_a_cell_the_model_and_early_exit(tmp_path
     assert cell["stages"] == 2 and cell["train_seconds"] > 0 and cell["predicted_train_seconds"] > 0
     assert cell["eval_bytes_mb"]["results"] > 0 and len(cell["peak_rss_mb"]) == 2
     assert [f["stages"] for f in result["forecast"]] == [16, 32, 64]
-    assert [e["threshold"] for e in result["early_exit"]] == [1.0, 0.9, 0.7]
+    assert [e["threshold"] for e in result["early_exit"]] == [1.0, 0.999, 0.99, 0.9, 0.7]
