@@ -60,15 +60,23 @@ INPUTS = {"fashion-mnist": 784, "digits": 64}
 """Input features per sample of the datasets the benchmark uses (the first block's fan-in)."""
 
 
-def run_config(width: int, stages: int, batches: int, ck: str, data: str = "fashion-mnist") -> RunConfig:
-    """DASCPL, `stages` one-layer MLP blocks of `width` units on flattened images, two epochs, a checkpoint
-    every epoch into `ck`."""
+def run_config(
+    width: int,
+    stages: int,
+    batches: int,
+    ck: str,
+    data: str = "fashion-mnist",
+    test_rows: int | None = 1024,
+    epochs: int = 2,
+) -> RunConfig:
+    """DASCPL, `stages` one-layer MLP blocks of `width` units on flattened images, `epochs` epochs, a
+    checkpoint every epoch into `ck`; `test_rows` of the test split (None: all)."""
     return build_config({
         "method": "dascpl", "seed": 0, "threads": 1,
-        "data": {"name": data, "batch_size": BATCH, "limit_train": batches * BATCH, "limit_test": 1024},
+        "data": {"name": data, "batch_size": BATCH, "limit_train": batches * BATCH, "limit_test": test_rows},
         "net": {"backbone": "mlp", "blocks": stages, "width": width, "layers_per_block": 1},
         "scpl": {"projector": "linear", "proj_dim": 64},
-        "train": {"epochs": 2},
+        "train": {"epochs": epochs},
         "tracking": {"mlflow": False},
         "checkpoint": {"enabled": True, "uri": ck, "every_epochs": 1, "keep": 1, "overwrite": True},
         "runtime": {"cpus_per_stage": 1, "timeline_epoch": 0, "dashboard": False, "stage_timeout_s": 1800},
@@ -131,9 +139,9 @@ def weights_mb(width: int, stages: int, inputs: int) -> float:
 
 
 def one_cell(width: int, stages: int, batches: int, cores: int, link: tuple[float, float], tmp: str,
-             data: str) -> dict[str, Any]:  # fmt: skip
-    """One run of `stages` blocks of `width` units: its measured second epoch and the model's prediction."""
-    cfg = run_config(width, stages, batches, tmp, data)
+             data: str, test_rows: int | None = 1024, epochs: int = 2) -> dict[str, Any]:  # fmt: skip
+    """One run of `stages` blocks of `width` units: its measured last epoch and the model's prediction."""
+    cfg = run_config(width, stages, batches, tmp, data, test_rows, epochs)
     profile = plan_partition(cfg, stages)
     t0 = time.perf_counter()
     result = train(cfg, runtime="ray", progress=None, keep_net=False).result
@@ -148,6 +156,7 @@ def one_cell(width: int, stages: int, batches: int, cores: int, link: tuple[floa
         "params_per_block": width * width,
         "stages": stages,
         "batches": batches,
+        "test_rows": test_rows,
         "train_seconds": round(epoch, 3),
         "eval_seconds": row["eval_seconds"],
         "checkpoint_seconds": row["checkpoint_seconds"],
@@ -221,11 +230,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--largest", type=float, default=1e8, help="one more cell at this size with K = 2 (0: none)")
     ap.add_argument("--batches", type=int, default=16, help="batches per epoch of the sweep's cells")
     ap.add_argument("--largest-batches", type=int, default=48, help="batches per epoch of the largest cell")
+    ap.add_argument("--largest-test", type=int, default=1024, help="test rows of the largest cell (0: all)")
+    ap.add_argument("--largest-epochs", type=int, default=2, help="epochs of the largest cell (the last is measured)")
+    ap.add_argument(
+        "--early-exit",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="time real early exit on a trained DASCPL net (--no-early-exit: skip)",
+    )
     ap.add_argument("--cluster", metavar="YAML", help="the cluster to predict K = 16-64 for (see the docstring)")
     ap.add_argument("--json-out", metavar="FILE", help="write the figures as JSON")
     args = ap.parse_args(argv)
     cores = os.cpu_count() or 1
-    cells = [(width_for(float(p)), int(k)) for p in args.params.split(",") for k in args.stages.split(",")]
+    sizes = [float(p) for p in args.params.split(",") if p.strip()]
+    cells = [(width_for(p), int(k)) for p in sizes for k in args.stages.split(",")]
     batches = args.batches
     if args.quick:
         cells, batches, args.largest = [(64, 2)], 4, 0
@@ -240,8 +258,12 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         with tempfile.TemporaryDirectory(prefix="growpipe-scale-") as tmp:
             for width, k in cells:
-                n = args.largest_batches if args.largest and width == width_for(args.largest) else batches
-                row = one_cell(width, k, n, cores, link, tmp, "digits" if args.quick else "fashion-mnist")
+                data = "digits" if args.quick else "fashion-mnist"
+                if args.largest and width == width_for(args.largest):
+                    row = one_cell(width, k, args.largest_batches, cores, link, tmp, data,
+                                   args.largest_test or None, args.largest_epochs)  # fmt: skip
+                else:
+                    row = one_cell(width, k, batches, cores, link, tmp, data)
                 rows.append(row)
                 print(_line(row), flush=True)
         calibrate(rows, link)
@@ -262,10 +284,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if owns:
             ray.shutdown()
-    exits = early_exit_timing(args.quick)
+    exits = early_exit_timing(args.quick) if args.early_exit else []
     for e in exits:
         print(
-            f"early exit at {e['threshold']}: accuracy {e['accuracy']} ({e['points_lost']} points), mean depth "
+            f"early exit at {e['threshold']}: accuracy {e['accuracy']} ({-e['points_lost']:+.2f} points against the "
+            f"full path), mean depth "
             f"{e['mean_depth']}, time saved {100 * e['time_saved']:.1f}% vs MACs saved {100 * e['macs_saved']:.1f}%"
         )
     out = {"cores": cores, "link": {"hop_ms": link[0], "mb_per_s": link[1]}, "cells": rows,

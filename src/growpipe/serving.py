@@ -20,41 +20,22 @@ from typing import Any
 import mlflow.pyfunc
 import numpy as np
 
-BATCH = 512
-
 
 class GrowpipeModel(mlflow.pyfunc.PythonModel):
     """Adaptive early-exit inference over a growpipe checkpoint."""
 
     def load_context(self, context: Any) -> None:
-        from growpipe.checkpoint import load_net
+        from growpipe.serve.predictor import Predictor
 
-        self.net, _, self.cfg = load_net(context.artifacts["checkpoint"])
+        self.predictor = Predictor.load(context.artifacts["checkpoint"])
 
     def predict(self, context: Any, model_input: Any, params: dict[str, Any] | None = None) -> Any:
         import pandas as pd
-        import torch
-
-        from growpipe.data.moments import standardise
-        from growpipe.nn.inference import Exited
-        from growpipe.nn.packet import Packet
 
         params = params or {}
-        threshold = float(params.get("threshold", 1.0))
-        kind = str(params.get("confidence", "max_prob"))
-        info = self.net.info
-        x = np.asarray(model_input.to_numpy() if hasattr(model_input, "to_numpy") else model_input)
-        x = torch.as_tensor(x.reshape(-1, *info.shape), dtype=torch.long if info.dtype == "long" else torch.float32)
-        if info.normalize:
-            x = standardise(x, info.normalize, 1)
-        # real early exit: a sample that confident at an exit leaves there, the blocks above never compute it
-        full_path = threshold >= 1.0  # (a saturated softmax reaches 1.0: the default must mean the full path)
-        rows = torch.arange(len(x))
-        parts = [self.net.early_exit(Packet(x=x[i : i + BATCH], rows=rows[i : i + BATCH]), None if full_path
-                                     else threshold, kind) for i in range(0, len(x), BATCH)]  # fmt: skip
-        out = Exited.cat(parts)
-        return pd.DataFrame({"prediction": out.prediction.numpy(), "exit_depth": out.depth.numpy(),
-                             "confidence": out.confidence.numpy()})  # fmt: skip
+        out = self.predictor.predict(model_input, float(params.get("threshold", 1.0)),
+                                     str(params.get("confidence", "max_prob")))  # fmt: skip
+        return pd.DataFrame({k: out[k] for k in ("prediction", "exit_depth", "confidence")})
 
 
 def save_model(path: str | Path, checkpoint: str | Path, net: Any) -> Path:

@@ -1,0 +1,149 @@
+"""A trained net loaded for inference: raw inputs in, early-exit answers out.
+
+The one inference path that `growpipe serve` (every replica and block group), the MLflow model and
+`growpipe evaluate`'s early exit share: inputs as the data reads them (images as floats in [0, 1], tables as
+their numbers, token ids for text), standardised with the training split's statistics (data.normalize), then
+real early exit (`GrowableNet.early_exit`): a sample `threshold` confident at an exit leaves there and the
+blocks above never compute it; threshold 1.0 takes the full path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from growpipe.errors import InputError
+from growpipe.nn.inference import Exited
+from growpipe.nn.packet import Packet
+
+BATCH = 512
+"""Rows per forward pass: a large request is computed in slices of this many."""
+
+CONFIDENCE_KINDS = ("max_prob", "entropy")
+
+
+@dataclass(frozen=True)
+class NetVersion:
+    """Which net answers: the run, its checkpoint, how far it trained and how many blocks it has."""
+
+    run: str
+    checkpoint: str
+    epoch: int
+    blocks: int
+    written_at: float = 0.0
+
+    @classmethod
+    def of(cls, checkpoint_dir: str | Path, manifest: dict[str, Any]) -> NetVersion:
+        return cls(str(manifest.get("run") or ""), str(checkpoint_dir).rstrip("/").rpartition("/")[2],
+                   int(manifest.get("epoch", 0)), len(manifest.get("topology", [])),
+                   float(manifest.get("written_at", 0.0)))  # fmt: skip
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run": self.run, "checkpoint": self.checkpoint, "epoch": self.epoch, "blocks": self.blocks}
+
+
+@dataclass
+class Predictor:
+    """A net and its version; `predict` answers a batch of raw inputs."""
+
+    net: Any
+    version: NetVersion
+
+    @classmethod
+    def load(cls, checkpoint: str | Path, device: torch.device | str = "cpu") -> Predictor:
+        """Load any checkpoint directory (a run folder: its newest complete checkpoint), hash-checked."""
+        from growpipe.checkpoint import load_net, open_checkpoint
+
+        _, target, _ = open_checkpoint(checkpoint)
+        net, manifest, _ = load_net(target, device)
+        return cls(net, NetVersion.of(target, manifest))
+
+    def inputs(self, x: Any, side: dict[str, Any] | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Raw inputs as tensors of the net's input shape and dtype, or InputError naming the field."""
+        info = self.net.info
+        feature = _as_rows("inputs", x, tuple(info.shape), info.dtype)
+        if info.dtype == "long" and info.vocab_size and len(feature) and int(feature.max()) >= info.vocab_size:
+            raise InputError(f"inputs: token id {int(feature.max())} is outside the vocabulary (ids 0-"
+                             f"{info.vocab_size - 1})")  # fmt: skip
+        groups = {}
+        wanted = self.net.side_groups()
+        side = side or {}
+        if unknown := sorted(set(side) - set(wanted)):
+            raise InputError(f"side: unknown feature group(s) {unknown}; this net reads {list(wanted) or 'none'}")
+        for name in wanted:
+            if name not in side:
+                raise InputError(f"side.{name}: missing; this net's blocks read feature group(s) {list(wanted)}")
+            shape, dtype = info.side[name]
+            groups[name] = _as_rows(f"side.{name}", side[name], tuple(shape), dtype)
+            if len(groups[name]) != len(feature):
+                raise InputError(f"side.{name}: {len(groups[name])} rows for {len(feature)} inputs; give one each")
+        return feature, groups
+
+    def predict(self, x: Any, threshold: float = 1.0, confidence: str = "max_prob",
+                side: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+        """Per input row: predicted class, exit depth (1-based), confidence; and the net's version."""
+        check_options(threshold, confidence)
+        feature, groups = self.inputs(x, side)
+        out = self.early_exit(feature, groups, threshold, confidence)
+        return {
+            "prediction": out.prediction.tolist(),
+            "exit_depth": out.depth.tolist(),
+            "confidence": [round(float(c), 6) for c in out.confidence],
+            "version": self.version.to_dict(),
+        }
+
+    def early_exit(self, x: torch.Tensor, side: dict[str, torch.Tensor], threshold: float, confidence: str) -> Exited:
+        """Standardise and run real early exit over `x` in slices of BATCH rows."""
+        from growpipe.data.moments import standardise
+
+        info = self.net.info
+        if info.normalize:
+            x = standardise(x, info.normalize, 1)
+        full_path = threshold >= 1.0  # a saturated softmax reaches 1.0: 1.0 must mean the full path
+        rows = torch.arange(len(x))
+        parts = []
+        for i in range(0, len(x), BATCH):
+            cut = slice(i, i + BATCH)
+            p = Packet(x=x[cut], side={k: v[cut] for k, v in side.items()}, rows=rows[cut])
+            parts.append(self.net.early_exit(p, None if full_path else threshold, confidence))
+        return Exited.cat(parts)
+
+
+def check_options(threshold: Any, confidence: Any) -> None:
+    """The request's options, or InputError naming the one that is wrong."""
+    if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0.0 <= float(threshold) <= 1.0:
+        raise InputError(f"threshold: {threshold!r} is not a number in [0, 1] (1.0: the full path)")
+    if confidence not in CONFIDENCE_KINDS:
+        raise InputError(f"confidence: {confidence!r} is not one of {', '.join(CONFIDENCE_KINDS)}")
+
+
+def _as_rows(field_name: str, x: Any, shape: tuple[int, ...], dtype: str) -> torch.Tensor:
+    """A batch of rows of `shape` (each row given in that shape or flat), finite, of `dtype`."""
+    try:
+        arr = np.asarray(x.to_numpy() if hasattr(x, "to_numpy") else x)
+    except (ValueError, TypeError):
+        raise InputError(f"{field_name}: rows of unequal length; each row is {_shape_text(shape)}") from None
+    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
+        raise InputError(f"{field_name}: not numbers (dtype {arr.dtype}); give each row as {_shape_text(shape)}")
+    size = int(np.prod(shape))
+    if arr.ndim == 0 or arr.size % max(size, 1) or (arr.shape[1:] != shape and int(np.prod(arr.shape[1:])) != size):
+        raise InputError(f"{field_name}: shape {list(arr.shape)} is not a batch of rows of {_shape_text(shape)}")
+    arr = arr.reshape(-1, *shape)
+    if dtype == "long":
+        if np.issubdtype(arr.dtype, np.floating) and not np.array_equal(arr, np.round(arr)):
+            raise InputError(f"{field_name}: token ids must be whole numbers")
+        if arr.size and arr.min() < 0:
+            raise InputError(f"{field_name}: token id {int(arr.min())} is negative")
+        return torch.as_tensor(arr.astype(np.int64))
+    if np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
+        raise InputError(f"{field_name}: holds NaN or infinite values; give finite numbers")
+    return torch.as_tensor(arr.astype(np.float32))
+
+
+def _shape_text(shape: tuple[int, ...]) -> str:
+    size = int(np.prod(shape))
+    return f"{list(shape)} ({size} numbers)" if len(shape) > 1 else f"{size} numbers"

@@ -1,0 +1,59 @@
+"""A prediction request as the HTTP API takes it: checked field by field, each problem one line naming the
+field (the server answers it with HTTP 400 and keeps serving)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from growpipe.errors import InputError
+from growpipe.serve.predictor import check_options
+
+FIELDS = ("inputs", "threshold", "confidence", "side")
+MAX_ROWS = 65536
+"""Rows one request may carry (a larger batch is split by the client)."""
+
+
+@dataclass(frozen=True)
+class PredictRequest:
+    """Inputs (a batch of rows), the exit threshold (1.0: the full path), the confidence kind, side features."""
+
+    inputs: Any
+    threshold: float = 1.0
+    confidence: str = "max_prob"
+    side: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def options(self) -> tuple[float, str]:
+        return (self.threshold, self.confidence)
+
+
+def parse_body(body: bytes | str) -> PredictRequest:
+    """The JSON body of POST /predict: {"inputs": [[...], ...], "threshold": 0.9, "confidence": "max_prob"}."""
+    try:
+        data = json.loads(body or b"")
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InputError(f'body: not valid JSON ({e}); send {{"inputs": [[...], ...]}}') from None
+    return parse_request(data)
+
+
+def parse_request(data: Any) -> PredictRequest:
+    """A request from its fields (the JSON body or a Python handle call's dict)."""
+    if not isinstance(data, dict):
+        raise InputError(f'body: a JSON {type(data).__name__}, not an object; send {{"inputs": [[...], ...]}}')
+    if unknown := sorted(set(data) - set(FIELDS)):
+        raise InputError(f"{unknown[0]}: unknown field; a request has {', '.join(FIELDS)}")
+    if "inputs" not in data:
+        raise InputError('inputs: missing; send {"inputs": [[...], ...]} (one row per sample)')
+    inputs = data["inputs"]
+    if not isinstance(inputs, list) or not inputs:
+        raise InputError("inputs: must be a non-empty list of rows (one per sample)")
+    if len(inputs) > MAX_ROWS:
+        raise InputError(f"inputs: {len(inputs)} rows; at most {MAX_ROWS} per request, split the batch")
+    side = data.get("side") or {}
+    if not isinstance(side, dict):
+        raise InputError("side: must be an object mapping a feature group to its rows")
+    request = PredictRequest(inputs, data.get("threshold", 1.0), data.get("confidence", "max_prob"), side)
+    check_options(request.threshold, request.confidence)
+    return request
