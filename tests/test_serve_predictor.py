@@ -64,7 +64,7 @@ def test_a_malformed_request_names_its_field(body, field):
 @pytest.mark.parametrize(
     ("rows", "says"),
     [
-        ([[0.0] * 63], "shape [1, 63]"),
+        ([[0.0] * 63], r"shape \[1, 63\]"),
         ([[0.0] * 64, [0.0] * 3], "unequal length"),
         ([["a"] * 64], "not numbers"),
         ([[float("nan")] * 64], "NaN"),

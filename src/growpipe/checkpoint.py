@@ -192,6 +192,23 @@ class CheckpointStore:
         path = ref.path if isinstance(ref, CheckpointRef) else ref
         return _read_manifest(self.fs, path)
 
+    def verify(self, ckpt_dir: str) -> dict[str, Any]:
+        """The manifest of checkpoint `ckpt_dir` once every shard it lists is there and hashes to its SHA-256
+        (read in chunks: nothing is unpickled, no block is materialised); CheckpointError otherwise."""
+        manifest = self.read_manifest(ckpt_dir)
+        for entry in manifest.get("shards", []):
+            digest = hashlib.sha256()
+            try:
+                with self.fs.open_input_stream(f"{ckpt_dir}/{entry['file']}") as f:
+                    while chunk := f.read(1 << 22):
+                        digest.update(chunk)
+            except OSError:
+                raise CheckpointError(f"checkpoint {ckpt_dir}: {entry['file']} is missing") from None
+            if digest.hexdigest() != entry["sha256"]:
+                raise CheckpointError(f"checkpoint {ckpt_dir}: {entry['file']} does not match the SHA-256 in its "
+                                      "manifest (changed or damaged after it was written)")  # fmt: skip
+        return manifest
+
     def load_block(self, ckpt_dir: str, shards: list[dict[str, Any]], index: int) -> dict[str, Any]:
         """Block `index`'s state, refused unless its shard hashes to what the manifest recorded."""
         return self.load_blocks(ckpt_dir, shards, [index])[0]

@@ -1,4 +1,4 @@
-"""The `growpipe` command: train, grow, sweep, partition, evaluate, data, bench."""
+"""The `growpipe` command: train, grow, sweep, partition, evaluate, serve, data, bench."""
 
 from __future__ import annotations
 
@@ -136,6 +136,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--json-out", metavar="FILE", help="write the evaluation JSON here")
     ev.add_argument("--plot-out", metavar="PNG", help="plot accuracy vs compute (every exit, adaptive) here")
+
+    se = sub.add_parser(
+        "serve",
+        help="serve a net over HTTP with Ray Serve (early exit), following a running job when asked",
+        description="Answer POST /predict with the net of a run, a checkpoint directory or an MLflow model; "
+        "--follow serves each new checkpoint of a running run as it is written (see docs/serving.md).",
+    )
+    what = se.add_mutually_exclusive_group(required=True)
+    what.add_argument("--run", metavar="NAME", help="the run's newest whole checkpoint (in --checkpoint-uri)")
+    what.add_argument("--checkpoint", metavar="DIR", help="a checkpoint directory (train --save, or a ckpt-*)")
+    what.add_argument("--model", metavar="URI", help="an MLflow model: models:/NAME/VERSION or runs:/RUN_ID/model")
+    se.add_argument("--follow", action="store_true", help="with --run: serve each new checkpoint as it is written")
+    se.add_argument("--checkpoint-uri", default="runs/checkpoints", metavar="URI",
+                    help="where the run's checkpoints are (its checkpoint.uri; default %(default)s)")  # fmt: skip
+    se.add_argument("--tracking-uri", metavar="URI", help="MLflow store of --model (default: $MLFLOW_TRACKING_URI, "
+                    "else runs/mlflow.db)")  # fmt: skip
+    se.add_argument("--host", default="127.0.0.1", help="address the HTTP API listens on (default %(default)s)")
+    se.add_argument("--port", type=int, default=8000, help="HTTP port (default %(default)s)")
+    se.add_argument("--replicas", default="1", metavar="N|MIN-MAX",
+                    help="replicas: N, or MIN-MAX to autoscale on ongoing requests (default %(default)s)")  # fmt: skip
+    se.add_argument("--cpus", type=float, default=1.0, help="CPUs per replica (default %(default)s)")
+    se.add_argument("--address", metavar="ADDR", help="Ray cluster to serve on (default: $RAY_ADDRESS, else an "
+                    "embedded local Ray)")  # fmt: skip
+    se.add_argument("--print-config", action="store_true", help="print the Serve config (serve deploy / a "
+                    "RayService's serveConfigV2) and exit")  # fmt: skip
 
     be = sub.add_parser(
         "bench",
@@ -314,6 +339,33 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import yaml
+
+    from growpipe.prepare import absolute
+    from growpipe.serve.deploy import ServeOptions, serve_config
+    from growpipe.serve.server import run
+    from growpipe.serve.source import resolve
+    from growpipe.tracking import default_tracking_uri
+
+    if args.follow and not args.run:
+        raise ConfigError("--follow: follows a run; give --run NAME")
+    low, _, high = args.replicas.partition("-")
+    try:
+        replicas = (int(low), int(high or low))
+    except ValueError:
+        raise ConfigError(f"--replicas: {args.replicas!r} is not N or MIN-MAX (e.g. 2 or 1-4)") from None
+    options = ServeOptions(args.host, args.port, *replicas, cpus_per_replica=args.cpus)
+    options.check()
+    tracking = args.tracking_uri or default_tracking_uri(absolute("runs"))
+    checkpoint = absolute(args.checkpoint) if args.checkpoint else None
+    source = resolve(args.run, checkpoint, args.model, absolute(args.checkpoint_uri), tracking)
+    if args.print_config:
+        print(yaml.safe_dump(serve_config(source, options), sort_keys=False), end="")
+        return 0
+    return run(source, options, follow_run=args.follow, address=args.address)
+
+
 def _cmd_partition(args: argparse.Namespace) -> int:
     from growpipe.config import dump_config, load_config
     from growpipe.outputs import write_json, write_yaml
@@ -473,6 +525,7 @@ def _run(argv: Sequence[str] | None) -> int:
         "data": _cmd_data,
         "mlflow": _cmd_mlflow,
         "bench": _cmd_bench,
+        "serve": _cmd_serve,
     }
     restore = signals.install(_sweep_stop if args.command == "sweep" else None)
     try:

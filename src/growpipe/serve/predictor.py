@@ -88,13 +88,18 @@ class Predictor:
         """Per input row: predicted class, exit depth (1-based), confidence; and the net's version."""
         check_options(threshold, confidence)
         feature, groups = self.inputs(x, side)
-        out = self.early_exit(feature, groups, threshold, confidence)
-        return {
-            "prediction": out.prediction.tolist(),
-            "exit_depth": out.depth.tolist(),
-            "confidence": [round(float(c), 6) for c in out.confidence],
-            "version": self.version.to_dict(),
-        }
+        return self.answers(self.early_exit(feature, groups, threshold, confidence), [len(feature)])[0]
+
+    def answers(self, exited: Exited, sizes: list[int]) -> list[dict[str, Any]]:
+        """The answers of consecutive requests of `sizes` rows each, cut from one early-exit pass."""
+        out, start = [], 0
+        for n in sizes:
+            cut = slice(start, start + n)
+            out.append({"prediction": exited.prediction[cut].tolist(), "exit_depth": exited.depth[cut].tolist(),
+                        "confidence": [round(float(c), 6) for c in exited.confidence[cut]],
+                        "version": self.version.to_dict()})  # fmt: skip
+            start += n
+        return out
 
     def early_exit(self, x: torch.Tensor, side: dict[str, torch.Tensor], threshold: float, confidence: str) -> Exited:
         """Standardise and run real early exit over `x` in slices of BATCH rows."""

@@ -1,0 +1,147 @@
+"""Deploying the growpipe Serve application and following a running job (the driver's side).
+
+The application is deployed from a Serve config (`serve_config`, the same document `serve deploy` and a
+KubeRay RayService's serveConfigV2 take): import path growpipe.serve.app:build_app, one deployment whose
+user_config names the version to serve. Deploying the config again with only the user_config changed is a
+lightweight update: Serve calls `reconfigure` on the running replicas, a few at a time, and restarts none.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from growpipe.errors import ConfigError
+from growpipe.serve.app import INGRESS
+from growpipe.serve.follow import next_checkpoint
+from growpipe.serve.source import Source
+
+APP = "growpipe"
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """Where the HTTP API listens and how many replicas answer (a fixed count, or autoscaling between two)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    min_replicas: int = 1
+    max_replicas: int = 1
+    cpus_per_replica: float = 1.0
+    route_prefix: str = "/"
+
+    def check(self) -> None:
+        """ConfigError naming the option when one is out of range."""
+        if not 1 <= self.port <= 65535:
+            raise ConfigError(f"--port: {self.port} is not a TCP port (1-65535)")
+        if not 1 <= self.min_replicas <= self.max_replicas:
+            raise ConfigError(f"--replicas: {self.min_replicas}-{self.max_replicas} is not MIN-MAX, 1 <= MIN <= MAX")
+        if self.cpus_per_replica <= 0:
+            raise ConfigError(f"--cpus: {self.cpus_per_replica} must be > 0")
+
+
+def port_problem(host: str, port: int) -> str | None:
+    """Why Serve could not listen on host:port (in use, or an address this machine lacks); None when free."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            what = "is in use" if e.errno in (98, 48) else f"cannot be bound ({e.strerror})"
+            return f"--port: {host}:{port} {what}; choose another port with --port N (or --host)"
+    return None
+
+
+def serve_config(source: Source, options: ServeOptions) -> dict[str, Any]:
+    """The Serve config of the application serving `source`."""
+    deployment: dict[str, Any] = {
+        "name": INGRESS,
+        "user_config": source.user_config(),
+        "ray_actor_options": {"num_cpus": options.cpus_per_replica},
+    }
+    if options.min_replicas == options.max_replicas:
+        deployment["num_replicas"] = options.min_replicas
+    else:
+        deployment["autoscaling_config"] = {"min_replicas": options.min_replicas, "max_replicas": options.max_replicas,
+                                            "target_ongoing_requests": 4}  # fmt: skip
+    return {
+        "proxy_location": "HeadOnly",
+        "http_options": {"host": options.host, "port": options.port},
+        "applications": [{"name": APP, "route_prefix": options.route_prefix,
+                          "import_path": "growpipe.serve.app:build_app", "deployments": [deployment]}],
+    }  # fmt: skip
+
+
+def deploy(config: dict[str, Any]) -> None:
+    """Apply a Serve config on the connected Ray cluster (what `serve run CONFIG` does: start Serve with its
+    HTTP options, then hand the applications to the Serve controller)."""
+    from ray.serve._private.api import serve_start
+    from ray.serve.schema import ServeDeploySchema
+
+    schema = ServeDeploySchema.model_validate(config)
+    client = serve_start(http_options=schema.http_options.model_dump(), proxy_location=schema.proxy_location)
+    client.deploy_apps(schema)
+
+
+def replica_status() -> dict[str, Any]:
+    """What a replica of the application serves: {source, version, refused}."""
+    from ray import serve
+
+    return serve.get_deployment_handle(INGRESS, APP).status.remote().result(timeout_s=60)
+
+
+def wait_until_serving(source: str, timeout_s: float = 300.0, poll_s: float = 0.2) -> dict[str, Any]:
+    """Block until the application is RUNNING and its replicas serve `source` (or refused it); the status."""
+    from ray import serve
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        app = serve.status().applications.get(APP)
+        if app is not None and app.status == "DEPLOY_FAILED":
+            raise RuntimeError(f"serve: the application failed to deploy: {app.message.strip()[:500]}")
+        if app is not None and app.status == "RUNNING":
+            status = replica_status()
+            if status["source"] == source or source in status["refused"]:
+                return status
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"serve: {source} not served after {timeout_s:.0f} s")
+        time.sleep(poll_s)
+
+
+def follow(source: Source, options: ServeOptions, say: Callable[[str], None] = print, poll_s: float = 1.0,
+           stop: Callable[[], bool] = lambda: False) -> None:  # fmt: skip
+    """Serve the run's newest whole checkpoint until `stop()`: each new complete checkpoint is checked
+    (every shard's hash) and deployed as the new user_config; a damaged or incomplete one is skipped with a
+    line, the served version stays."""
+    from growpipe.errors import CheckpointError
+
+    store = source.run_store
+    assert store is not None
+    serving, refused = source.ref, set()
+    while not stop():
+        candidate = next_checkpoint([c.path for c in store.complete()], serving, refused)
+        if candidate is None:
+            time.sleep(poll_s)
+            continue
+        try:
+            store.verify(candidate)
+        except CheckpointError as e:
+            refused.add(candidate)
+            say(f"skip   {e}; still serving {serving.rpartition('/')[2]}")
+            continue
+        t0 = time.perf_counter()
+        new = Source(source.kind, candidate, source.tracking_uri, store)
+        deploy(serve_config(new, options))
+        status = wait_until_serving(candidate)
+        if candidate in status["refused"]:
+            refused.add(candidate)
+            say(f"skip   {candidate.rpartition('/')[2]}: {status['refused'][candidate]}; still serving "
+                f"{serving.rpartition('/')[2]}")  # fmt: skip
+            deploy(serve_config(Source(source.kind, serving, source.tracking_uri, store), options))
+            continue
+        serving = candidate
+        v = status["version"]
+        say(f"serve  {v['checkpoint']} (epoch {v['epoch']}, {v['blocks']} blocks) in {time.perf_counter() - t0:.2f} s")

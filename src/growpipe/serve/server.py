@@ -1,0 +1,57 @@
+"""`growpipe serve`: check the source and the port, connect to (or start) Ray, deploy the application, then
+serve until stopped, following the run when asked."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+from growpipe.errors import InputError
+from growpipe.serve.deploy import APP, ServeOptions, deploy, follow, port_problem, serve_config, wait_until_serving
+from growpipe.serve.source import Source
+
+
+def start(source: Source, options: ServeOptions) -> dict[str, Any]:
+    """Deploy the application on the connected Ray and wait until it answers; the served version."""
+    deploy(serve_config(source, options))
+    return wait_until_serving(source.ref)
+
+
+def run(source: Source, options: ServeOptions, *, follow_run: bool, address: str | None = None,
+        say: Callable[[str], None] = print, stop: Callable[[], bool] = lambda: False) -> int:  # fmt: skip
+    """Serve until `stop()` (or a signal): the command's body. Everything the user gave is checked before Ray
+    starts (the source by `resolve`, the options and the port here)."""
+    from growpipe.config import build_config
+    from growpipe.runtime.pipeline import connect
+
+    options.check()
+    if problem := port_problem(options.host, options.port):
+        raise InputError(problem)
+    owns, _ = connect(build_config({}), address, cpus=None)
+    try:
+        status = start(source, options)
+        v = status["version"]
+        url = f"http://{options.host}:{options.port}{options.route_prefix.rstrip('/')}/predict"
+        say(f"serve  {url}  run {v['run'] or '-'}, {v['checkpoint']} (epoch {v['epoch']}, {v['blocks']} blocks)")
+        if follow_run:
+            say(f"follow run {source.run_store.run_name if source.run_store else '?'}: a new checkpoint is served "
+                "once complete and whole")  # fmt: skip
+            follow(source, options, say, stop=stop)
+        else:
+            while not stop():
+                time.sleep(0.5)
+        return 0
+    finally:
+        from ray import serve
+
+        with contextlib.suppress(Exception):
+            if owns:
+                serve.shutdown()
+            else:
+                serve.delete(APP)  # the cluster stays; this command's application goes
+        if owns:
+            import ray
+
+            ray.shutdown()

@@ -1,0 +1,77 @@
+"""What `growpipe serve` answers with: a run's newest complete checkpoint (followed as the run writes new
+ones), a checkpoint directory, or an MLflow model. Each is checked here, before Serve starts: a name that
+resolves to nothing is one line (exit 2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from growpipe.checkpoint import CheckpointStore, open_checkpoint
+from growpipe.errors import CheckpointError, ConfigError
+
+MODEL_SCHEMES = ("models:/", "runs:/")
+
+
+@dataclass(frozen=True)
+class Source:
+    """A resolved source: `ref` is what a replica loads (a checkpoint directory, local or a pyarrow.fs URI, or
+    an MLflow model URI), `run_store` the run's checkpoint folder when following a run."""
+
+    kind: str  # run | checkpoint | model
+    ref: str
+    tracking_uri: str | None = None
+    run_store: CheckpointStore | None = None
+
+    def user_config(self) -> dict[str, Any]:
+        """What the deployment's user_config carries: the version to load (its reconfigure loads it)."""
+        return {"source": self.ref, "kind": "model" if self.kind == "model" else "checkpoint",
+                "tracking_uri": self.tracking_uri}  # fmt: skip
+
+
+def resolve(run: str | None, checkpoint: str | None, model: str | None, checkpoint_uri: str,
+            tracking_uri: str | None) -> Source:  # fmt: skip
+    """Check the one source the user gave; ConfigError / CheckpointError naming the option otherwise."""
+    given = [name for name, v in (("--run", run), ("--checkpoint", checkpoint), ("--model", model)) if v]
+    if len(given) != 1:
+        raise ConfigError("serve: give exactly one of --run NAME, --checkpoint DIR, --model URI"
+                          + (f" (got {', '.join(given)})" if given else ""))  # fmt: skip
+    if run:
+        store = CheckpointStore(checkpoint_uri, run)
+        complete = store.complete()
+        if not complete:
+            raise CheckpointError(
+                f"--run: run {run!r} has no complete checkpoint in {store.root}; check the name (growpipe train "
+                "prints it) and --checkpoint-uri (the run's checkpoint.uri)"
+            )
+        problem = None
+        for ref in reversed(complete):  # the newest that is whole
+            try:
+                store.verify(ref.path)
+            except CheckpointError as e:
+                problem = e
+                continue
+            return Source("run", ref.path, tracking_uri, store)
+        raise CheckpointError(f"--run: no checkpoint of run {run!r} is whole ({problem})")
+    if checkpoint:
+        _, target, _ = open_checkpoint(checkpoint)
+        return Source("checkpoint", target, tracking_uri)
+    assert model is not None
+    if not model.startswith(MODEL_SCHEMES):
+        raise ConfigError(f"--model: {model!r} is not an MLflow model URI (models:/NAME/VERSION, runs:/RUN_ID/model)")
+    if tracking_uri and tracking_uri.startswith("sqlite:///"):
+        db = Path(tracking_uri.removeprefix("sqlite:///").split("?")[0])
+        if not db.is_file():  # MLflow would create an empty store there
+            raise ConfigError(f"--tracking-uri: no MLflow store at {db}; give the store the run logged to")
+    try:
+        import logging
+
+        from mlflow.artifacts import download_artifacts
+
+        logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)  # its table checks are not news
+        download_artifacts(artifact_uri=f"{model.rstrip('/')}/MLmodel", tracking_uri=tracking_uri)
+    except Exception as e:  # MLflow raises its own and OSError subclasses for an unknown name/version/run
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"--model: {model} does not resolve in MLflow store {tracking_uri} ({first[:200]})") from None
+    return Source("model", model, tracking_uri)

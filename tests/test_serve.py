@@ -1,0 +1,153 @@
+"""growpipe serve on a real local Ray: HTTP and handle answers with real early exit, bad requests answered 400
+with the server unharmed, and a running run followed through Serve's reconfigure with no failed request."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from growpipe.checkpoint import CheckpointStore, save_net
+from growpipe.data.sources import DIGITS_SPLIT, digits_rows
+from growpipe.local import train_local
+from growpipe.serve.deploy import APP, ServeOptions, follow, replica_status
+from growpipe.serve.predictor import Predictor
+from growpipe.serve.server import start
+from growpipe.serve.source import resolve
+from tests.conftest import tiny_config
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post(url: str, body: bytes) -> tuple[int, dict]:
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.fixture(scope="module")
+def served(ray_session, tmp_path_factory):
+    """Serve on the session's Ray for this module; torn down after it."""
+    from ray import serve
+
+    yield ServeOptions(port=free_port(), cpus_per_replica=0.5)
+    serve.shutdown()
+
+
+@pytest.fixture(scope="module")
+def raw_rows() -> np.ndarray:
+    pixels, _ = digits_rows()
+    return pixels[np.load(DIGITS_SPLIT)["test"].astype(np.int64)][:40] / 16.0
+
+
+def test_http_and_handle_answer_with_the_nets_early_exit_and_bad_requests_get_400(served, raw_rows, tmp_path):
+    from ray import serve
+
+    cfg = tiny_config(method="dascpl", name="one", net={"blocks": 3})
+    run = train_local(cfg, progress=None)
+    ck = save_net(tmp_path / "ck", run.net, cfg, run.result)
+    source = resolve(None, str(ck), None, str(tmp_path), None)
+    status = start(source, served)
+    assert status["version"]["blocks"] == 3
+    url = f"http://127.0.0.1:{served.port}/predict"
+    local = Predictor.load(ck)
+    threshold = float(np.median(local.predict(raw_rows, 0.0)["confidence"]))  # about half leave at exit 1
+    code, answer = post(url, json.dumps({"inputs": raw_rows.tolist(), "threshold": threshold}).encode())
+    assert code == 200
+    assert answer == json.loads(json.dumps(local.predict(raw_rows, threshold))), "the replica answers as the net does"
+    assert min(answer["exit_depth"]) < 3, "confident samples left before the last block"
+    handle = serve.get_app_handle(APP)
+    full = handle.predict.remote({"inputs": raw_rows[:5].tolist()}).result(timeout_s=60)
+    assert full["exit_depth"] == [3] * 5 and full["version"] == {"run": "one", "checkpoint": "ck", "epoch": 1,
+                                                                 "blocks": 3}  # fmt: skip
+    for body, field in [(b"{oops", "body"), (b'{"inputs": [[1, 2]]}', "inputs"),
+                        (b'{"inputs": [[0]], "threshold": -0.1}', "threshold"),
+                        (b'{"inputs": [[0]], "confidence": "vibes"}', "confidence")]:  # fmt: skip
+        code, err = post(url, body)
+        assert code == 400 and err["error"].startswith(f"{field}:"), (body, err)
+    assert post(url, json.dumps({"inputs": raw_rows[:2].tolist()}).encode())[0] == 200, "the server is unharmed"
+
+
+def test_following_a_growing_run_serves_every_checkpoint_in_place_with_no_failed_request(served, raw_rows, tmp_path):
+    """A real run (reference trainer, checkpoint every epoch, two growths) is followed while four clients send
+    requests without pause. Serving starts at the run's first checkpoint and the run holds at each checkpoint
+    until answers carry it (a gate, not a bet on speed); a damaged checkpoint is skipped and the version before
+    it keeps answering."""
+    ck_uri = tmp_path / "checkpoints"
+    cfg = tiny_config(method="dascpl", name="growing", train={"epochs": 2},
+                      checkpoint={"enabled": True, "uri": str(ck_uri), "every_epochs": 1},
+                      grow={"schedule": [{"kind": "layer", "epochs": 1}, {"kind": "layer", "epochs": 1}]})  # fmt: skip
+    store = CheckpointStore(str(ck_uri), "growing")
+    stop, lines, answers, failures = threading.Event(), [], [], []
+    url = f"http://127.0.0.1:{served.port}/predict"
+    body = json.dumps({"inputs": raw_rows[:8].tolist()}).encode()
+    threads: list[threading.Thread] = []
+
+    def client() -> None:
+        while not stop.is_set():
+            try:
+                code, answer = post(url, body)
+            except OSError as e:  # a refused or dropped connection is a failed request too
+                failures.append(repr(e))
+                continue
+            (answers if code == 200 else failures).append(answer)
+
+    def served_now(ckpt: str, deadline_s: float = 120.0) -> None:
+        """The gate: hold the run until answers carry checkpoint `ckpt` (fails after a generous deadline)."""
+        end = time.monotonic() + deadline_s
+        while not any(a["version"]["checkpoint"] == ckpt for a in answers[-8:]):
+            assert time.monotonic() < end, f"{ckpt} not served; follower said {lines}"
+            time.sleep(0.05)
+
+    def on_line(line: str) -> None:
+        if not line.startswith("ckpt"):
+            return
+        if not threads:  # the run's first checkpoint: start serving it, following the run, under load
+            source = resolve("growing", None, None, str(ck_uri), None)
+            start(source, served)
+            threads.append(threading.Thread(target=follow, args=(source, served, lines.append, 0.1, stop.is_set)))
+            threads.extend(threading.Thread(target=client) for _ in range(4))
+            for t in threads:
+                t.start()
+        served_now(line.split()[1])
+
+    try:
+        train_local(cfg, progress=on_line)
+        newest = store.latest()
+        assert newest is not None
+        # a damaged checkpoint after the newest: skipped with a line; the newest keeps answering
+        bad = Path(store.dir_for(newest.epoch + 1, 0, newest.seq + 1))
+        bad.mkdir()
+        manifest = json.loads((Path(newest.path) / "manifest.json").read_text())
+        for shard in manifest["shards"]:
+            (bad / shard["file"]).write_bytes(b"not a shard")
+        (bad / "manifest.json").write_text(json.dumps({**manifest, "epoch": newest.epoch + 1}))
+        end = time.monotonic() + 60
+        while not any(line.startswith("skip") for line in lines):
+            assert time.monotonic() < end, lines
+            time.sleep(0.05)
+        served_now(Path(newest.path).name)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=120)
+    assert failures == [], failures[:3]
+    assert {a["version"]["blocks"] for a in answers} == {2, 3, 4}, "answered before and after each growth"
+    for a in answers:
+        assert max(a["exit_depth"]) == a["version"]["blocks"], "each answer wholly from the version it names"
+    assert replica_status()["source"] == newest.path
+    assert any(line.startswith("skip") and bad.name in line for line in lines), lines
