@@ -69,6 +69,7 @@ def serve_config(source: Source, options: ServeOptions) -> dict[str, Any]:
                                             "target_ongoing_requests": 4}  # fmt: skip
     return {
         "proxy_location": "HeadOnly",
+        "logging_config": {"log_level": "WARNING"},  # Serve's own INFO lines (deploying, adding replicas) are not news
         "http_options": {"host": options.host, "port": options.port},
         "applications": [{"name": APP, "route_prefix": options.route_prefix,
                           "import_path": "growpipe.serve.app:build_app", "deployments": [deployment]}],
@@ -82,7 +83,8 @@ def deploy(config: dict[str, Any]) -> None:
     from ray.serve.schema import ServeDeploySchema
 
     schema = ServeDeploySchema.model_validate(config)
-    client = serve_start(http_options=schema.http_options.model_dump(), proxy_location=schema.proxy_location)
+    client = serve_start(http_options=schema.http_options.model_dump(), proxy_location=schema.proxy_location,
+                         global_logging_config=schema.logging_config)  # fmt: skip
     client.deploy_apps(schema)
 
 

@@ -23,12 +23,15 @@ def run(source: Source, options: ServeOptions, *, follow_run: bool, address: str
         say: Callable[[str], None] = print, stop: Callable[[], bool] = lambda: False) -> int:  # fmt: skip
     """Serve until `stop()` (or a signal): the command's body. Everything the user gave is checked before Ray
     starts (the source by `resolve`, the options and the port here)."""
+    import logging
+
     from growpipe.config import build_config
     from growpipe.runtime.pipeline import connect
 
     options.check()
     if problem := port_problem(options.host, options.port):
         raise InputError(problem)
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)
     owns, _ = connect(build_config({}), address, cpus=None)
     try:
         status = start(source, options)
@@ -46,12 +49,10 @@ def run(source: Source, options: ServeOptions, *, follow_run: bool, address: str
     finally:
         from ray import serve
 
-        with contextlib.suppress(Exception):
-            if owns:
-                serve.shutdown()
-            else:
-                serve.delete(APP)  # the cluster stays; this command's application goes
-        if owns:
+        if owns:  # Serve goes with the embedded Ray
             import ray
 
             ray.shutdown()
+        else:  # the cluster stays; this command's application goes
+            with contextlib.suppress(Exception):
+                serve.delete(APP)
