@@ -196,3 +196,19 @@ def test_scale_benchmark_quick_measures_a_cell_the_model_and_early_exit(tmp_path
     assert cell["eval_bytes_mb"]["results"] > 0 and len(cell["peak_rss_mb"]) == 2
     assert [f["stages"] for f in result["forecast"]] == [16, 32, 64]
     assert [e["threshold"] for e in result["early_exit"]] == [1.0, 0.999, 0.99, 0.9, 0.7]
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_serve_benchmark_quick_follows_a_job_under_load_and_times_each_threshold(tmp_path: Path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "serve.json"
+    assert _bench_module("serve").main(["--quick", "--port", str(port), "--json-out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    follow = result["follow"]
+    assert follow["failed"] == 0 and follow["requests"] == 4 * 10 and follow["versions_answered"] >= 1
+    assert [r["threshold"] for r in result["thresholds"]] == [1.0, 0.999, 0.99, 0.9, 0.7]
+    assert all(r["failed"] == 0 and r["p99_ms"] >= r["p50_ms"] > 0 for r in result["thresholds"])

@@ -178,7 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "features end, per pooling; guard: what the divergence guard costs a step; precision: bf16 against "
                     "fp32 (accuracy, seconds/epoch, bytes per hop); scale: 0.1 M-100 M parameters per block x K "
                     "stages (training, evaluation, checkpoint seconds, bytes, peak RSS), the cost model, early exit "
-                    "timed")  # fmt: skip
+                    "timed; serve: growpipe serve following a growing job under load (latency, failed requests, "
+                    "reload seconds) and early exit's throughput per threshold")  # fmt: skip
     be.add_argument("args", nargs=argparse.REMAINDER, help="e.g. --quick --json-out FILE")
 
     ml = sub.add_parser("mlflow", help="MLflow helpers: send a run's entries that could not be sent")
@@ -425,6 +426,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 BENCHES = {
     "compare": "compare.py",
+    "serve": "serve.py",
     "data": "data.py",
     "elastic": "elastic.py",
     "growth": "growth.py",

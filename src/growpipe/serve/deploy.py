@@ -22,6 +22,10 @@ from growpipe.serve.source import Source
 APP = "growpipe"
 
 
+class DeployFailed(RuntimeError):
+    """Serve could not bring the application up (a replica failed to load its first net)."""
+
+
 @dataclass(frozen=True)
 class ServeOptions:
     """Where the HTTP API listens and how many replicas answer (a fixed count, or autoscaling between two)."""
@@ -79,9 +83,12 @@ def serve_config(source: Source, options: ServeOptions) -> dict[str, Any]:
 def deploy(config: dict[str, Any]) -> None:
     """Apply a Serve config on the connected Ray cluster (what `serve run CONFIG` does: start Serve with its
     HTTP options, then hand the applications to the Serve controller)."""
+    import logging
+
     from ray.serve._private.api import serve_start
     from ray.serve.schema import ServeDeploySchema
 
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)  # the driver's "connecting to Serve" lines
     schema = ServeDeploySchema.model_validate(config)
     client = serve_start(http_options=schema.http_options.model_dump(), proxy_location=schema.proxy_location,
                          global_logging_config=schema.logging_config)  # fmt: skip
@@ -103,7 +110,7 @@ def wait_until_serving(source: str, timeout_s: float = 300.0, poll_s: float = 0.
     while True:
         app = serve.status().applications.get(APP)
         if app is not None and app.status == "DEPLOY_FAILED":
-            raise RuntimeError(f"serve: the application failed to deploy: {app.message.strip()[:500]}")
+            raise DeployFailed(f"serve: the application failed to deploy: {app.message.strip()[:500]}")
         if app is not None and app.status == "RUNNING":
             status = replica_status()
             if status["source"] == source or source in status["refused"]:

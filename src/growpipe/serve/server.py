@@ -6,32 +6,48 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from growpipe.errors import InputError
-from growpipe.serve.deploy import APP, ServeOptions, deploy, follow, port_problem, serve_config, wait_until_serving
-from growpipe.serve.source import Source
+from growpipe.serve.deploy import (
+    APP,
+    DeployFailed,
+    ServeOptions,
+    deploy,
+    follow,
+    port_problem,
+    serve_config,
+    wait_until_serving,
+)
+from growpipe.serve.source import Source, newest_whole
 
 
-def start(source: Source, options: ServeOptions) -> dict[str, Any]:
-    """Deploy the application on the connected Ray and wait until it answers; the served version."""
-    deploy(serve_config(source, options))
-    return wait_until_serving(source.ref)
+def start(source: Source, options: ServeOptions, attempts: int = 3) -> dict[str, Any]:
+    """Deploy the application on the connected Ray and wait until it answers; the served version. A run's
+    checkpoint can be pruned by the run before the first replica has loaded it: then its newest whole one is
+    deployed instead (up to `attempts` times)."""
+    for attempt in range(attempts):
+        deploy(serve_config(source, options))
+        try:
+            return wait_until_serving(source.ref)
+        except DeployFailed:
+            if source.run_store is None or attempt == attempts - 1:
+                raise
+            source = replace(source, ref=newest_whole(source.run_store))
+    raise AssertionError("unreachable")
 
 
 def run(source: Source, options: ServeOptions, *, follow_run: bool, address: str | None = None,
         say: Callable[[str], None] = print, stop: Callable[[], bool] = lambda: False) -> int:  # fmt: skip
     """Serve until `stop()` (or a signal): the command's body. Everything the user gave is checked before Ray
     starts (the source by `resolve`, the options and the port here)."""
-    import logging
-
     from growpipe.config import build_config
     from growpipe.runtime.pipeline import connect
 
     options.check()
     if problem := port_problem(options.host, options.port):
         raise InputError(problem)
-    logging.getLogger("ray.serve").setLevel(logging.WARNING)
     owns, _ = connect(build_config({}), address, cpus=None)
     try:
         status = start(source, options)

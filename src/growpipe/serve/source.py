@@ -39,21 +39,7 @@ def resolve(run: str | None, checkpoint: str | None, model: str | None, checkpoi
                           + (f" (got {', '.join(given)})" if given else ""))  # fmt: skip
     if run:
         store = CheckpointStore(checkpoint_uri, run)
-        complete = store.complete()
-        if not complete:
-            raise CheckpointError(
-                f"--run: run {run!r} has no complete checkpoint in {store.root}; check the name (growpipe train "
-                "prints it) and --checkpoint-uri (the run's checkpoint.uri)"
-            )
-        problem = None
-        for ref in reversed(complete):  # the newest that is whole
-            try:
-                store.verify(ref.path)
-            except CheckpointError as e:
-                problem = e
-                continue
-            return Source("run", ref.path, tracking_uri, store)
-        raise CheckpointError(f"--run: no checkpoint of run {run!r} is whole ({problem})")
+        return Source("run", newest_whole(store), tracking_uri, store)
     if checkpoint:
         _, target, _ = open_checkpoint(checkpoint)
         return Source("checkpoint", target, tracking_uri)
@@ -75,3 +61,23 @@ def resolve(run: str | None, checkpoint: str | None, model: str | None, checkpoi
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"--model: {model} does not resolve in MLflow store {tracking_uri} ({first[:200]})") from None
     return Source("model", model, tracking_uri)
+
+
+def newest_whole(store: CheckpointStore) -> str:
+    """The newest complete checkpoint of a run whose shards all hash to its manifest; CheckpointError naming
+    --run when there is none."""
+    complete = store.complete()
+    if not complete:
+        raise CheckpointError(
+            f"--run: run {store.run_name!r} has no complete checkpoint in {store.root}; check the name (growpipe "
+            "train prints it) and --checkpoint-uri (the run's checkpoint.uri)"
+        )
+    problem = None
+    for ref in reversed(complete):
+        try:
+            store.verify(ref.path)
+        except CheckpointError as e:  # damaged, or pruned by the run meanwhile
+            problem = e
+            continue
+        return ref.path
+    raise CheckpointError(f"--run: no checkpoint of run {store.run_name!r} is whole ({problem})")
