@@ -118,8 +118,8 @@ def follow_phase(quick: bool, options: Any, tmp: Path, clients: int, requests: i
     job = {
         "method": "dascpl", "seed": 0, "name": "followed",
         "data": {"name": "digits" if quick else "fashion-mnist", "batch_size": 128,
-                 "limit_train": None if quick else 12000, "limit_test": 1000},
-        "net": {"backbone": "mlp", "blocks": 2, "width": 64 if quick else 512},
+                 "limit_train": None, "limit_test": 1000},
+        "net": {"backbone": "mlp", "blocks": 2, "width": 64 if quick else 1024},
         "train": {"epochs": 2}, "grow": {"schedule": [{"kind": "layer", "epochs": 2}, {"kind": "layer", "epochs": 2}]},
         "tracking": {"mlflow": False},
         "checkpoint": {"enabled": True, "uri": str(tmp / "checkpoints"), "every_epochs": 1, "keep": 3},
@@ -237,7 +237,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="digits, tiny nets, a few requests")
     ap.add_argument("--clients", type=int, default=4, help="client threads (default %(default)s)")
-    ap.add_argument("--requests", type=int, default=1000, help="requests per client and phase (default %(default)s)")
+    ap.add_argument("--requests", type=int, default=3000,
+                    help="requests per client while following the job (default %(default)s)")  # fmt: skip
+    ap.add_argument("--threshold-requests", type=int, default=500,
+                    help="requests per client at each threshold (default %(default)s)")  # fmt: skip
     ap.add_argument("--port", type=int, default=8000, help="HTTP port of the server (default %(default)s)")
     ap.add_argument("--json-out", metavar="FILE", help="write the figures as JSON")
     args = ap.parse_args(argv)
@@ -261,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{followed['versions_answered']} (blocks {followed['blocks_answered']}), reload median "
                   f"{followed['reload_seconds_median']} s, job finished during the load: "
                   f"{followed['job_finished_during_load']}")  # fmt: skip
-            thresholds = threshold_phase(args.quick, options, Path(tmp), args.clients, requests)
+            thresholds = threshold_phase(args.quick, options, Path(tmp), args.clients,
+                                         10 if args.quick else args.threshold_requests)  # fmt: skip
             for r in thresholds:
                 print(f"threshold {r['threshold']}: p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms (x{r['p99_over_p50']}),"
                       f" {r['rows_per_s']} rows/s ({r['rows_per_s_vs_full']}x the full path), accuracy "
@@ -272,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         serve.shutdown()
         if owns:
             ray.shutdown()
-    out = {"clients": args.clients, "requests_per_client": requests, "follow": followed, "thresholds": thresholds}
+    out = {"clients": args.clients, "follow": followed, "thresholds": thresholds}
     if args.json_out:
         print(f"JSON: {atomic_write_json(args.json_out, out)}")
     return 0

@@ -151,3 +151,31 @@ def test_following_a_growing_run_serves_every_checkpoint_in_place_with_no_failed
         assert max(a["exit_depth"]) == a["version"]["blocks"], "each answer wholly from the version it names"
     assert replica_status()["source"] == newest.path
     assert any(line.startswith("skip") and bad.name in line for line in lines), lines
+
+
+@pytest.mark.parametrize("method", ["dascpl", "al"])
+def test_block_groups_answer_as_the_whole_net_does_each_holding_its_own_blocks(served, raw_rows, tmp_path, method):
+    """--stages 2 on a 3-block net: groups of blocks {0, 1} and {2}, chained by handles; the answers equal the
+    whole net's at a threshold where some rows leave in the first group and some go on (AL: group 1 decodes
+    its exit through block 0's and 1's decoders)."""
+    from dataclasses import replace
+
+    from growpipe.serve.groups import BlockGroupNet, group_blocks
+
+    assert [list(group_blocks(3, 2, i)) for i in range(2)] == [[0, 1], [2]]
+    assert [list(group_blocks(1, 3, i)) for i in range(3)] == [[0], [], []]
+    cfg = tiny_config(method=method, name=f"groups-{method}", net={"blocks": 3})
+    run = train_local(cfg, progress=None)
+    ck = save_net(tmp_path / "ck", run.net, cfg, run.result)
+    local = Predictor.load(ck)
+    threshold = float(np.median(local.predict(raw_rows, 0.0)["confidence"]))
+    expected = local.predict(raw_rows, threshold)
+    assert 1 in expected["exit_depth"] and 3 in expected["exit_depth"]
+    group = BlockGroupNet.load(ck, 2, 1)
+    assert [b.index for b in group.blocks] == [2] and len(group.below) == (2 if method == "al" else 0)
+    start(resolve(None, str(ck), None, str(tmp_path), None), replace(served, stages=2))
+    code, answer = post(f"http://127.0.0.1:{served.port}/predict",
+                        json.dumps({"inputs": raw_rows.tolist(), "threshold": threshold}).encode())  # fmt: skip
+    assert code == 200
+    assert answer["prediction"] == expected["prediction"] and answer["exit_depth"] == expected["exit_depth"]
+    assert np.allclose(answer["confidence"], expected["confidence"], atol=1e-5)

@@ -157,6 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--replicas", default="1", metavar="N|MIN-MAX",
                     help="replicas: N, or MIN-MAX to autoscale on ongoing requests (default %(default)s)")  # fmt: skip
     se.add_argument("--cpus", type=float, default=1.0, help="CPUs per replica (default %(default)s)")
+    se.add_argument("--stages", type=int, default=1, help="serve the blocks as this many groups, one deployment "
+                    "each, passing on only undecided rows (a net too big for a replica; default 1)")  # fmt: skip
     se.add_argument("--address", metavar="ADDR", help="Ray cluster to serve on (default: $RAY_ADDRESS, else an "
                     "embedded local Ray)")  # fmt: skip
     se.add_argument("--print-config", action="store_true", help="print the Serve config (serve deploy / a "
@@ -356,7 +358,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         replicas = (int(low), int(high or low))
     except ValueError:
         raise ConfigError(f"--replicas: {args.replicas!r} is not N or MIN-MAX (e.g. 2 or 1-4)") from None
-    options = ServeOptions(args.host, args.port, *replicas, cpus_per_replica=args.cpus)
+    options = ServeOptions(args.host, args.port, *replicas, cpus_per_replica=args.cpus, stages=args.stages)
     options.check()
     tracking = args.tracking_uri or default_tracking_uri(absolute("runs"))
     checkpoint = absolute(args.checkpoint) if args.checkpoint else None

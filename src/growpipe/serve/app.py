@@ -25,6 +25,7 @@ from typing import Any
 from ray import serve
 
 from growpipe.errors import GrowpipeError, InputError
+from growpipe.nn.packet import Packet
 from growpipe.serve.predictor import Predictor
 from growpipe.serve.request import PredictRequest, parse_body, parse_request
 
@@ -33,11 +34,11 @@ INGRESS = "NetServer"
 MAX_BATCH_ROWS = 1024
 
 
-def load_version(user_config: dict[str, Any]) -> Predictor:
-    """The net a user_config names: a checkpoint directory, or an MLflow model (downloaded, its checkpoint)."""
+def checkpoint_of(user_config: dict[str, Any]) -> str | Path:
+    """The checkpoint directory a user_config names: itself, or an MLflow model's (downloaded here)."""
     source = user_config["source"]
     if user_config.get("kind") != "model":
-        return Predictor.load(source)
+        return source
     from mlflow.artifacts import download_artifacts
 
     local = Path(download_artifacts(artifact_uri=source, dst_path=tempfile.mkdtemp(prefix="growpipe-model-"),
@@ -45,49 +46,90 @@ def load_version(user_config: dict[str, Any]) -> Predictor:
     found = sorted(p.parent for p in local.rglob("manifest.json"))
     if not found:
         raise GrowpipeError(f"{source}: the model holds no growpipe checkpoint (artifacts/checkpoint)")
-    return Predictor.load(found[0])
+    return found[0]
+
+
+def load_version(user_config: dict[str, Any], staged: bool) -> Predictor:
+    """What a NetServer replica loads: the whole net, or (its blocks served as groups) only its inputs."""
+    checkpoint = checkpoint_of(user_config)
+    return Predictor.front(checkpoint) if staged else Predictor.load(checkpoint)
+
+
+@serve.deployment(name="BlockGroup", max_ongoing_requests=64, health_check_period_s=5)
+class BlockGroup:
+    """Group `index` of `groups` (growpipe.serve.groups): its own blocks only; runs early exit on them and
+    passes the undecided rows to the next group's handle. Each request names its version (the ingress's), and
+    a group answers it with that version, loading it first if its reconfigure has not come yet: every block
+    of one answer is of one version. It keeps the two newest versions."""
+
+    def __init__(self, index: int, groups: int, next_group: Any = None):
+        self.index, self.groups, self.next = index, groups, next_group
+        self.nets: dict[str, Any] = {}
+
+    def reconfigure(self, user_config: dict[str, Any]) -> None:
+        self._net(user_config)
+
+    def _net(self, user_config: dict[str, Any]) -> Any:
+        from growpipe.serve.groups import BlockGroupNet
+
+        source = user_config["source"]
+        if source not in self.nets:
+            net = BlockGroupNet.load(checkpoint_of(user_config), self.groups, self.index)
+            self.nets = {**dict(list(self.nets.items())[-1:]), source: net}  # one assignment, the two newest
+        return self.nets[source]
+
+    async def run(self, user_config: dict[str, Any], p: Any, threshold: float | None, kind: str) -> Any:
+        """Early exit of the rows of packet `p` from this group on: every row's answer, ordered by row."""
+        from growpipe.nn.inference import Exited
+
+        exited, rest = self._net(user_config).run(p, threshold, kind)
+        if rest is None or self.next is None:
+            return exited
+        return Exited.cat([exited, await self.next.run.remote(user_config, rest, threshold, kind)])
 
 
 @serve.deployment(name=INGRESS, max_ongoing_requests=64, health_check_period_s=5)
 class NetServer:
     """A replica: one loaded net (the version its user_config names), batched early-exit answers."""
 
-    def __init__(self) -> None:
-        self.current: tuple[str, Predictor] | None = None  # (source, its net): swapped in one assignment
+    def __init__(self, first_group: Any = None) -> None:
+        self.first_group = first_group  # the blocks are served as groups (--stages > 1): the chain's head
+        self.current: tuple[dict[str, Any], Predictor] | None = None  # (user_config, its net): one assignment
         self.refused: dict[str, str] = {}
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         """Load the version `user_config` names and swap it in; a failure keeps the previous version (and
         fails only a replica that has none yet, which Serve then replaces)."""
         source = user_config["source"]
-        if self.current is not None and source == self.current[0]:
+        if self.current is not None and source == self.current[0]["source"]:
             return
         t0 = time.perf_counter()
         try:
-            loaded = load_version(user_config)
+            loaded = load_version(user_config, staged=self.first_group is not None)
         except Exception as e:
             if self.current is None:
                 raise
             self.refused[source] = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-            log.warning("growpipe: refused %s (%s); still serving %s", source, self.refused[source], self.current[0])
+            log.warning("growpipe: refused %s (%s); still serving %s", source, self.refused[source],
+                        self.current[0]["source"])  # fmt: skip
             return
-        self.current = (source, loaded)  # a request takes self.current once: old net or new, never a mix
+        self.current = (dict(user_config), loaded)  # a request takes self.current once: old net or new
         log.info("growpipe: serving %s (%d blocks), loaded in %.2f s", source, loaded.version.blocks,
                  time.perf_counter() - t0)  # fmt: skip
 
     def status(self) -> dict[str, Any]:
         """What this replica serves and what it refused (the follower reads it)."""
         assert self.current is not None
-        source, predictor = self.current
-        return {"source": source, "version": predictor.version.to_dict(), "refused": dict(self.refused)}
+        config, predictor = self.current
+        return {"source": config["source"], "version": predictor.version.to_dict(), "refused": dict(self.refused)}
 
     async def predict(self, request: dict[str, Any] | PredictRequest) -> dict[str, Any]:
         """The Python handle's entry: a request's fields as a dict (or a PredictRequest); InputError when bad."""
         req = request if isinstance(request, PredictRequest) else parse_request(request)
         assert self.current is not None
-        predictor = self.current[1]
+        config, predictor = self.current
         x, side = predictor.inputs(req.inputs, req.side)
-        return await self._answer((predictor, x, side, req.threshold, req.confidence))
+        return await self._answer((config, predictor, x, side, req.threshold, req.confidence))
 
     async def __call__(self, http: Any) -> Any:
         from starlette.responses import JSONResponse
@@ -104,26 +146,41 @@ class NetServer:
             return JSONResponse({"error": str(e)}, status_code=400)
 
     @serve.batch(max_batch_size=MAX_BATCH_ROWS, batch_wait_timeout_s=0.002, batch_size_fn=lambda items: sum(
-        len(item[1]) for item in items))  # fmt: skip
+        len(item[2]) for item in items))  # fmt: skip
     async def _answer(self, items: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
         """Requests batched together: those with the same net and options run as one early-exit pass."""
         import torch
 
         out: list[dict[str, Any]] = [{}] * len(items)
         groups: dict[tuple[int, float, str], list[int]] = {}
-        for i, (predictor, _, _, threshold, kind) in enumerate(items):
+        for i, (_, predictor, _, _, threshold, kind) in enumerate(items):
             groups.setdefault((id(predictor), float(threshold), kind), []).append(i)
         for members in groups.values():  # the same net: the same input shape and side groups
-            predictor, _, side, threshold, kind = items[members[0]]
-            x = torch.cat([items[i][1] for i in members])
-            joined = {k: torch.cat([items[i][2][k] for i in members]) for k in side}
-            answers = predictor.answers(predictor.early_exit(x, joined, threshold, kind),
-                                        [len(items[i][1]) for i in members])  # fmt: skip
-            for i, answer in zip(members, answers, strict=True):
+            config, predictor, _, side, threshold, kind = items[members[0]]
+            x = torch.cat([items[i][2] for i in members])
+            joined = {k: torch.cat([items[i][3][k] for i in members]) for k in side}
+            if self.first_group is None:
+                exited = predictor.early_exit(x, joined, threshold, kind)
+            else:
+                exited = await self.first_group.run.remote(config, Packet(x=predictor.standardised(x), side=joined,
+                    rows=torch.arange(len(x))), None if threshold >= 1.0 else threshold, kind)  # fmt: skip
+            for i, answer in zip(members, predictor.answers(exited, [len(items[i][2]) for i in members]), strict=True):
                 out[i] = answer
         return out
 
 
+def group_name(index: int) -> str:
+    """The deployment name of block group `index`."""
+    return f"BlockGroup{index}"
+
+
 def build_app(args: dict[str, Any]) -> Any:
-    """The application (Serve's import path growpipe.serve.app:build_app); `args` may hold `replicas`."""
-    return NetServer.bind()
+    """The application (Serve's import path growpipe.serve.app:build_app). args: {"stages": S} serves the
+    blocks as S groups, chained by handles behind the ingress (default 1: the whole net in each replica)."""
+    stages = int(args.get("stages", 1))
+    if stages < 2:
+        return NetServer.bind()
+    head = None
+    for i in reversed(range(stages)):
+        head = BlockGroup.options(name=group_name(i)).bind(i, stages, head)
+    return NetServer.bind(head)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from growpipe.errors import ConfigError
-from growpipe.serve.app import INGRESS
+from growpipe.serve.app import INGRESS, group_name
 from growpipe.serve.follow import next_checkpoint
 from growpipe.serve.source import Source
 
@@ -36,6 +36,8 @@ class ServeOptions:
     max_replicas: int = 1
     cpus_per_replica: float = 1.0
     route_prefix: str = "/"
+    stages: int = 1
+    """Block groups: 1 serves the whole net in each replica; S > 1 one deployment per group, chained."""
 
     def check(self) -> None:
         """ConfigError naming the option when one is out of range."""
@@ -45,6 +47,8 @@ class ServeOptions:
             raise ConfigError(f"--replicas: {self.min_replicas}-{self.max_replicas} is not MIN-MAX, 1 <= MIN <= MAX")
         if self.cpus_per_replica <= 0:
             raise ConfigError(f"--cpus: {self.cpus_per_replica} must be > 0")
+        if self.stages < 1:
+            raise ConfigError(f"--stages: {self.stages} must be >= 1 (1: the whole net in each replica)")
 
 
 def port_problem(host: str, port: int) -> str | None:
@@ -60,23 +64,22 @@ def port_problem(host: str, port: int) -> str | None:
 
 
 def serve_config(source: Source, options: ServeOptions) -> dict[str, Any]:
-    """The Serve config of the application serving `source`."""
-    deployment: dict[str, Any] = {
-        "name": INGRESS,
-        "user_config": source.user_config(),
-        "ray_actor_options": {"num_cpus": options.cpus_per_replica},
-    }
-    if options.min_replicas == options.max_replicas:
-        deployment["num_replicas"] = options.min_replicas
-    else:
-        deployment["autoscaling_config"] = {"min_replicas": options.min_replicas, "max_replicas": options.max_replicas,
-                                            "target_ongoing_requests": 4}  # fmt: skip
+    """The Serve config of the application serving `source`: the ingress and, with stages > 1, one deployment
+    per block group, each with the same user_config (the version) and replica settings."""
+    replicas: dict[str, Any] = {"num_replicas": options.min_replicas}
+    if options.min_replicas != options.max_replicas:
+        replicas = {"autoscaling_config": {"min_replicas": options.min_replicas, "max_replicas": options.max_replicas,
+                                           "target_ongoing_requests": 4}}  # fmt: skip
+    names = [INGRESS] + ([group_name(i) for i in range(options.stages)] if options.stages > 1 else [])
+    deployments = [{"name": name, "user_config": source.user_config(), **replicas,
+                    "ray_actor_options": {"num_cpus": options.cpus_per_replica}} for name in names]  # fmt: skip
     return {
         "proxy_location": "HeadOnly",
         "logging_config": {"log_level": "WARNING"},  # Serve's own INFO lines (deploying, adding replicas) are not news
         "http_options": {"host": options.host, "port": options.port},
         "applications": [{"name": APP, "route_prefix": options.route_prefix,
-                          "import_path": "growpipe.serve.app:build_app", "deployments": [deployment]}],
+                          "import_path": "growpipe.serve.app:build_app", "args": {"stages": options.stages},
+                          "deployments": deployments}],
     }  # fmt: skip
 
 

@@ -48,10 +48,13 @@ class NetVersion:
 
 @dataclass
 class Predictor:
-    """A net and its version; `predict` answers a batch of raw inputs."""
+    """A net's inputs (shape, dtype, side groups, statistics), its version and, unless its blocks are served
+    as groups elsewhere (`front`), the net itself; `predict` answers a batch of raw inputs."""
 
-    net: Any
+    info: Any
+    side_groups: tuple[str, ...]
     version: NetVersion
+    net: Any = None
 
     @classmethod
     def load(cls, checkpoint: str | Path, device: torch.device | str = "cpu") -> Predictor:
@@ -60,17 +63,29 @@ class Predictor:
 
         _, target, _ = open_checkpoint(checkpoint)
         net, manifest, _ = load_net(target, device)
-        return cls(net, NetVersion.of(target, manifest))
+        return cls(net.info, net.side_groups(), NetVersion.of(target, manifest), net)
+
+    @classmethod
+    def front(cls, checkpoint: str | Path) -> Predictor:
+        """The inputs and version of a checkpoint's net, from its manifest alone (no block is loaded)."""
+        from growpipe.checkpoint import open_checkpoint
+        from growpipe.nn.backbones import FEATURE_FAMILIES
+        from growpipe.nn.specs import InputInfo
+
+        _, target, manifest = open_checkpoint(checkpoint)
+        encoders = [d["encoder"] for d in manifest["topology"]]
+        groups = tuple(e["params"]["group"] for e in encoders if e["family"] in FEATURE_FAMILIES)
+        return cls(InputInfo.from_dict(manifest["input"]), groups, NetVersion.of(target, manifest))
 
     def inputs(self, x: Any, side: dict[str, Any] | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Raw inputs as tensors of the net's input shape and dtype, or InputError naming the field."""
-        info = self.net.info
+        info = self.info
         feature = _as_rows("inputs", x, tuple(info.shape), info.dtype)
         if info.dtype == "long" and info.vocab_size and len(feature) and int(feature.max()) >= info.vocab_size:
             raise InputError(f"inputs: token id {int(feature.max())} is outside the vocabulary (ids 0-"
                              f"{info.vocab_size - 1})")  # fmt: skip
         groups = {}
-        wanted = self.net.side_groups()
+        wanted = self.side_groups
         side = side or {}
         if unknown := sorted(set(side) - set(wanted)):
             raise InputError(f"side: unknown feature group(s) {unknown}; this net reads {list(wanted) or 'none'}")
@@ -103,11 +118,7 @@ class Predictor:
 
     def early_exit(self, x: torch.Tensor, side: dict[str, torch.Tensor], threshold: float, confidence: str) -> Exited:
         """Standardise and run real early exit over `x` in slices of BATCH rows."""
-        from growpipe.data.moments import standardise
-
-        info = self.net.info
-        if info.normalize:
-            x = standardise(x, info.normalize, 1)
+        x = self.standardised(x)
         full_path = threshold >= 1.0  # a saturated softmax reaches 1.0: 1.0 must mean the full path
         rows = torch.arange(len(x))
         parts = []
@@ -116,6 +127,12 @@ class Predictor:
             p = Packet(x=x[cut], side={k: v[cut] for k, v in side.items()}, rows=rows[cut])
             parts.append(self.net.early_exit(p, None if full_path else threshold, confidence))
         return Exited.cat(parts)
+
+    def standardised(self, x: torch.Tensor) -> torch.Tensor:
+        """Inputs standardised with the training split's statistics (data.normalize), as the net saw them."""
+        from growpipe.data.moments import standardise
+
+        return standardise(x, self.info.normalize, 1) if self.info.normalize else x
 
 
 def check_options(threshold: Any, confidence: Any) -> None:
