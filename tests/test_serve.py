@@ -74,6 +74,8 @@ def test_http_and_handle_answer_with_the_nets_early_exit_and_bad_requests_get_40
     full = handle.predict.remote({"inputs": raw_rows[:5].tolist()}).result(timeout_s=60)
     assert full["exit_depth"] == [3] * 5 and full["version"] == {"run": "one", "checkpoint": "ck", "epoch": 1,
                                                                  "blocks": 3}  # fmt: skip
+    big = np.tile(raw_rows, (30, 1))  # 1,200 rows: more than one batch holds, answered as a batch of its own
+    assert handle.predict.remote({"inputs": big.tolist()}).result(timeout_s=60)["exit_depth"] == [3] * len(big)
     for body, field in [(b"{oops", "body"), (b'{"inputs": [[1, 2]]}', "inputs"),
                         (b'{"inputs": [[0]], "threshold": -0.1}', "threshold"),
                         (b'{"inputs": [[0]], "confidence": "vibes"}', "confidence")]:  # fmt: skip

@@ -129,7 +129,10 @@ class NetServer:
         assert self.current is not None
         config, predictor = self.current
         x, side = predictor.inputs(req.inputs, req.side)
-        return await self._answer((config, predictor, x, side, req.threshold, req.confidence))
+        item = (config, predictor, x, side, req.threshold, req.confidence)
+        if len(x) > MAX_BATCH_ROWS:  # a batch by itself
+            return (await self._compute([item]))[0]
+        return await self._answer(item)
 
     async def __call__(self, http: Any) -> Any:
         from starlette.responses import JSONResponse
@@ -148,7 +151,11 @@ class NetServer:
     @serve.batch(max_batch_size=MAX_BATCH_ROWS, batch_wait_timeout_s=0.002, batch_size_fn=lambda items: sum(
         len(item[2]) for item in items))  # fmt: skip
     async def _answer(self, items: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
-        """Requests batched together: those with the same net and options run as one early-exit pass."""
+        """Requests batched together (at most MAX_BATCH_ROWS rows)."""
+        return await self._compute(items)
+
+    async def _compute(self, items: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
+        """Answers for requests: those with the same net and options run as one early-exit pass."""
         import torch
 
         out: list[dict[str, Any]] = [{}] * len(items)
