@@ -42,11 +42,14 @@ def run(source: Source, options: ServeOptions, *, follow_run: bool, address: str
         say: Callable[[str], None] = print, stop: Callable[[], bool] = lambda: False) -> int:  # fmt: skip
     """Serve until `stop()` (or a signal): the command's body. Everything the user gave is checked before Ray
     starts (the source by `resolve`, the options and the port here)."""
+    import os
+
     from growpipe.config import build_config
     from growpipe.runtime.pipeline import connect
 
     options.check()
-    if problem := port_problem(options.host, options.port):
+    joining = bool(address or os.environ.get("RAY_ADDRESS"))
+    if not joining and (problem := port_problem(options.host, options.port)):  # on a cluster: the head's port
         raise InputError(problem)
     owns, _ = connect(build_config({}), address, cpus=None)
     try:
@@ -69,6 +72,6 @@ def run(source: Source, options: ServeOptions, *, follow_run: bool, address: str
             import ray
 
             ray.shutdown()
-        else:  # the cluster stays; this command's application goes
-            with contextlib.suppress(Exception):
-                serve.delete(APP)
+        else:  # the cluster stays; this command's application goes (asked now, not waited for: a stopped job
+            with contextlib.suppress(Exception):  # has seconds before it is killed)
+                serve.delete(APP, _blocking=False)
