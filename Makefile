@@ -12,9 +12,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e ".[dev]"
 	@touch $(STAMP)
 
-## demo: the main job on the embedded default (digits, a growable AL net, one growth step)
+## demo: the main job on the embedded default (digits, a growable AL net, one growth step).
+## RAY_AUTH_MODE=token is what Ray 2.60 chooses for a new local Ray when unset, said here (before Ray is imported)
+## so that Ray does not warn about it at every start; a value of your own wins.
 demo: $(STAMP)
-	$(BIN)/growpipe train --config configs/demo.yaml --json-out runs/demo/result.json --save runs/demo/checkpoint
+	RAY_AUTH_MODE=$${RAY_AUTH_MODE:-token} $(BIN)/growpipe train --config configs/demo.yaml --json-out runs/demo/result.json --save runs/demo/checkpoint
 
 ## test: lint, then the whole test suite
 test: $(STAMP)

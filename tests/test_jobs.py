@@ -84,3 +84,6 @@ def test_submitted_demo_job_grows_and_keeps_its_results_where_the_submitter_said
     assert run.info.artifact_uri.removeprefix("file://").startswith(f"{tmp_path}/runs/mlartifacts/")
     plots = {a.path for a in mlflow.list_artifacts(run.info.run_id, "plots")}
     assert {"plots/exit_accuracy.png", "plots/accuracy_vs_compute.png", "plots/stage_timeline.png"} <= plots
+    (model,) = mlflow.search_logged_models([run.info.experiment_id])  # the net, a LoggedModel of the job's run
+    assert model.source_run_id == run.info.run_id and model.status == "READY"
+    assert model.artifact_location.removeprefix("file://").startswith(f"{tmp_path}/runs/mlartifacts/")

@@ -32,8 +32,27 @@ def _only_run(uri: str):
     return client, runs[0]
 
 
+def _logged_model(client: MlflowClient, run):
+    """The run's model: a READY LoggedModel `model`, an output of the run at its last epoch, carrying the run's
+    metrics of that epoch (the last epoch's and the final ones)."""
+    from mlflow.entities import LoggedModelStatus
+
+    (model,) = client.search_logged_models([run.info.experiment_id])
+    assert model.name == "model" and model.status == LoggedModelStatus.READY
+    assert model.source_run_id == run.info.run_id
+    epochs = max(m.step for m in client.get_metric_history(run.info.run_id, "test_accuracy"))
+    assert [(o.model_id, o.step) for o in run.outputs.model_outputs] == [(model.model_id, epochs)]
+    linked = {m.key: m for m in model.metrics}
+    assert {m.step for m in linked.values()} == {epochs} and not any(k.startswith("system/") for k in linked)
+    for key in ("final.test_accuracy", "test_accuracy", f"acc.exit{run.data.metrics['blocks']:.0f}"):
+        assert linked[key].value == run.data.metrics[key], key
+    assert model.params["method"] == run.data.params["method"]
+    return model
+
+
 def _check_logged_run(client: MlflowClient, run, blocks: int) -> set[str]:
     assert run.info.status == "FINISHED"
+    _logged_model(client, run)
     assert run.data.params["method"] == "dascpl" and run.data.params["net.blocks"] == "2"
     history = client.get_metric_history(run.info.run_id, "loss.b0.ce")
     assert [m.step for m in history] == [1, 2]  # frozen after the growth: no loss in epoch 3
@@ -61,6 +80,7 @@ def test_reference_run_is_logged_to_mlflow_with_its_artifacts_beside_the_store(t
     client, run = _only_run(cfg.tracking.uri)
     _check_logged_run(client, run, blocks=3)
     assert run.info.artifact_uri.removeprefix("file://").startswith(f"{tmp_path}/mlartifacts/")
+    assert _logged_model(client, run).artifact_location.removeprefix("file://").startswith(f"{tmp_path}/mlartifacts/")
     assert not (elsewhere / "mlruns").exists()
     assert artifact_root("sqlite:////data/runs/mlflow.db") == "/data/runs/mlartifacts"
     assert artifact_root("http://mlflow:5000") is None
@@ -68,9 +88,14 @@ def test_reference_run_is_logged_to_mlflow_with_its_artifacts_beside_the_store(t
 
 @pytest.mark.usefixtures("ray_session")
 @pytest.mark.usefixtures("mlflow_db")  # an empty store at tmp_path/mlflow.db
-def test_a_grown_ray_run_matches_the_reference_reports_its_stages_and_is_logged_from_the_controller(tmp_path: Path):
+def test_a_grown_ray_run_matches_the_reference_reports_its_stages_and_is_logged_from_the_controller(
+    tmp_path: Path, monkeypatch
+):
+    """A Ray run grown once: the reference's weights, its stages reported, logged from the controller (its
+    model a LoggedModel of the run, the controller's machine as system metrics)."""
     from tests.test_runtime import _assert_same_weights
 
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")  # MLFLOW_* reach the controller
     reference = train_local(_tracked(tmp_path, "tracked-ray", mlflow=False), progress=None)
     cfg = _tracked(tmp_path, "tracked-ray")
     lines: list[str] = []
@@ -92,6 +117,7 @@ def test_a_grown_ray_run_matches_the_reference_reports_its_stages_and_is_logged_
     names = _check_logged_run(client, run, blocks=3)
     assert {"pipeline_trace.json", "plots/stage_timeline.png"} <= names
     assert client.get_metric_history(run.info.run_id, "stage0.utilisation")
+    assert any(k.startswith("system/cpu") for k in run.data.metrics)
     assert any(line.startswith(f"mlflow run {run.info.run_id}") for line in lines)
 
 
@@ -113,6 +139,62 @@ def test_unreachable_tracking_server_never_stops_training(tmp_path: Path):
     assert run.info.run_name == "offline" and run.info.status == "FINISHED" and run.data.params["method"] == "dascpl"
     assert [m.step for m in client.get_metric_history(run.info.run_id, "test_accuracy")] == [1, 2, 3]
     assert "config.yaml" in {a.path for a in client.list_artifacts(run.info.run_id)}
+    _logged_model(client, run)  # the model too: its staged directory is sent as a LoggedModel of the run
+
+
+def test_a_model_entry_sent_again_after_failing_midway_goes_on_with_the_same_logged_model(mlflow_db: str, tmp_path):
+    """The queue sends an entry again when it failed (the server went away): the model's steps already done
+    are not done twice, no second LoggedModel appears."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.models import Model
+
+    from growpipe.tracking import send_entry
+
+    client = MlflowClient(tracking_uri=mlflow_db)
+    exp = client.create_experiment("tests", artifact_location=str(tmp_path / "mlartifacts"))
+    run_id = client.create_run(exp).info.run_id
+    client.log_metric(run_id, "test_accuracy", 0.5, step=3)
+    client.log_metric(run_id, "system/cpu_utilization_percentage", 9.0, step=3)
+    staged = tmp_path / "staged" / "model"  # missing: the upload fails after the model, its output and metrics
+    entry = {"op": "model", "path": str(staged), "name": "model", "step": 3, "register": "again"}
+    with pytest.raises((OSError, MlflowException)):
+        send_entry(client, run_id, entry)
+    assert entry["done"] == ["output", "metrics"]
+    staged.mkdir(parents=True)
+    Model().save(str(staged / "MLmodel"))
+    send_entry(client, run_id, entry)
+    assert entry["done"] == ["output", "metrics", "files", "ready", "register"]
+    (model,) = client.search_logged_models([exp])
+    assert model.model_id == entry["model_id"] and model.status == "READY"
+    assert [(m.key, m.value, m.step) for m in model.metrics] == [("test_accuracy", 0.5, 3)]
+    assert [o.model_id for o in client.get_run(run_id).outputs.model_outputs] == [model.model_id]
+    assert Model.load(f"{model.artifact_location}/MLmodel").model_id == model.model_id
+    (version,) = client.search_model_versions("name = 'again'")
+    assert version.source == model.artifact_location and version.run_id == run_id
+
+
+def test_mlflow_serve_refuses_a_model_uri_that_does_not_resolve_and_a_port_in_use(mlflow_db: str, tmp_path, capsys):
+    """Each in one line naming it and the fix, exit 2, before MLflow's server starts."""
+    import socket
+
+    from mlflow.models import Model
+
+    from growpipe.cli import main
+
+    assert main(["mlflow", "serve", "models:/nope/1", "--tracking-uri", mlflow_db]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"growpipe mlflow: error: models:/nope/1: no MLflow model there in {mlflow_db} (")
+    assert "--tracking-uri" in line
+    local = tmp_path / "model"
+    local.mkdir()
+    Model().save(str(local / "MLmodel"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["mlflow", "serve", str(local), "--port", str(port), "--tracking-uri", mlflow_db]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"growpipe mlflow: error: port {port} on 127.0.0.1 is not free") and "--port" in line
 
 
 def _wait(predicate, timeout: float = 120.0) -> None:
@@ -212,49 +294,120 @@ def test_sigterm_ends_a_local_run_as_killed_and_its_resume_is_tagged_as_such(tmp
     assert run.info.status == "FINISHED" and run.data.tags["growpipe.end_reason"] == "finished"
 
 
-@pytest.mark.usefixtures("mlflow_db")  # an empty store at tmp_path/mlflow.db
-def test_a_run_records_data_machine_and_a_registered_model_that_serves_in_a_fresh_process(tmp_path, monkeypatch):
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, body: dict) -> dict:
     import json
+    import urllib.request
+
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())
+
+
+@pytest.mark.usefixtures("mlflow_db")  # an empty store at tmp_path/mlflow.db
+def test_a_run_records_data_machine_and_a_registered_logged_model_that_mlflow_serves(tmp_path, monkeypatch, capfd):
+    """A local run: dataset inputs, system metrics, and the net as a LoggedModel of the run (models-from-code,
+    real rows as its input example, written without a warning), registered; `growpipe mlflow serve` (as the
+    docs give it, no virtualenv on PATH) answers as the model loaded here and growpipe evaluate do."""
+    import contextlib
     import os
+    import signal
     import subprocess
     import sys
+    import urllib.request
+    import warnings
+
+    import mlflow
+    import numpy as np
 
     from growpipe.api import evaluate
+    from growpipe.config import DataSpec
+    from growpipe.data import load_data
 
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "from-env")
-    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "3600")  # a run within one interval: it still
+    # records its machine (the samples of the unfinished interval, which MLflow's monitor drops)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracking = {"mlflow": True, "uri": uri, "workdir": str(tmp_path), "register_model": True}
     grow = {"schedule": [{"kind": "layer", "epochs": 1}]}
     cfg = tiny_config(method="dascpl", train={"epochs": 2}, grow=grow, tracking=tracking)
     assert cfg.name is None and cfg.tracking.experiment is None  # the defaults the run fills in
-    train_local(cfg, progress=None)
+    capfd.readouterr()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train_local(cfg, progress=None)
+    printed = capfd.readouterr()
+    # what Python prints by default: library DeprecationWarnings stay hidden outside __main__
+    assert not [str(w.message) for w in caught if not issubclass(w.category, DeprecationWarning)]
+    assert "warn" not in (printed.out + printed.err).lower(), printed
+    assert "Downloading artifacts" not in printed.err and "cloudpickle" not in printed.err.lower()
+
     client = MlflowClient(tracking_uri=uri)
-    (run,) = client.search_runs([client.get_experiment_by_name("from-env").experiment_id])
+    exp = client.get_experiment_by_name("from-env")
+    (run,) = client.search_runs([exp.experiment_id])
     name = run.info.run_name
     assert name.startswith("dascpl-digits-") and run.info.status == "FINISHED"
     inputs = {d.dataset.name: d.dataset for d in run.inputs.dataset_inputs}
     assert set(inputs) == {"digits-train", "digits-test"} and all(len(d.digest) == 16 for d in inputs.values())
     assert any(k.startswith("system/cpu") for k in run.data.metrics)
+    model = _logged_model(client, run)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    (found,) = mlflow.search_logged_models(experiment_ids=[exp.experiment_id], output_format="list")
+    assert found.model_id == model.model_id
     (version,) = client.search_model_versions(f"name = '{name}'")
-    assert version.run_id == run.info.run_id
+    assert version.run_id == run.info.run_id and version.source == model.artifact_location
 
+    local = mlflow.artifacts.download_artifacts(f"models:/{name}/1", dst_path=str(tmp_path / "model"))
+    mlmodel = mlflow.models.Model.load(local)
+    assert mlmodel.model_id == model.model_id and mlmodel.run_id == run.info.run_id
+    assert "python_model.pkl" not in os.listdir(local)  # models-from-code: nothing cloudpickled
+    test = load_data(DataSpec(name="digits", normalize="none")).test  # as read: the model standardises
+    example = mlmodel.load_input_example(local)
+    assert example.shape == (3, 1, 8, 8) and example.any() and np.allclose(example, test.x[:3].numpy(), atol=1e-6)
+
+    port = _free_port()
+    cmd = [sys.executable, "-m", "growpipe.cli", "mlflow", "serve", f"models:/{name}/1", "--port", str(port)]
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"} | {"PATH": "/usr/bin:/bin"}  # not activated
+    log = tmp_path / "serve.log"
+    with log.open("w") as out:
+        server = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                  start_new_session=True)  # fmt: skip
+    try:
+
+        def answering() -> bool:
+            assert server.poll() is None, log.read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+
+        _wait(answering)
+        url = f"http://127.0.0.1:{port}/invocations"
+        served_full = _post(url, {"inputs": test.x.numpy().tolist()})["predictions"]
+        early_request = {"inputs": test.x[:20].numpy().tolist(), "params": {"threshold": 0.05}}
+        served_early = _post(url, early_request)["predictions"]
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # the server and its uvicorn: the process group started here
+            os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
+
+    loaded = mlflow.pyfunc.load_model(f"models:/{name}/1")
+    here = loaded.predict(test.x.numpy())
+    assert [r["prediction"] for r in served_full] == here["prediction"].tolist()
+    assert [r["exit_depth"] for r in served_full] == here["exit_depth"].tolist() == [3] * len(test)  # full path
+    assert np.allclose([r["confidence"] for r in served_full], here["confidence"], atol=1e-6)
+    early = loaded.predict(test.x[:20].numpy(), params={"threshold": 0.05})
+    assert [r["exit_depth"] for r in served_early] == early["exit_depth"].tolist() == [1] * 20  # any 10-class
+    # softmax reaches 0.05 at the first exit
     ck = client.download_artifacts(run.info.run_id, "checkpoint", str(tmp_path))
     full = evaluate(ck)["full_accuracy"]  # growpipe evaluate on the same checkpoint
-    script = f"""
-import json, mlflow, numpy as np
-from growpipe.config import DataSpec
-from growpipe.data import load_data
-test = load_data(DataSpec(name="digits", normalize="none")).test  # as read: the model standardises
-model = mlflow.pyfunc.load_model("models:/{name}/1")
-full = model.predict(test.x.numpy())
-early = model.predict(test.x.numpy(), params={{"threshold": 0.05}})
-print(json.dumps({{"full": float((full["prediction"].to_numpy() == test.y.numpy()).mean()),
-                  "depth": float(full["exit_depth"].mean()), "early_depth": float(early["exit_depth"].mean())}}))
-"""
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    served = json.loads(out.stdout.strip().splitlines()[-1])
-    assert served["full"] == pytest.approx(full) and served["depth"] == 3.0  # the full path by default
-    assert served["early_depth"] == 1.0  # any 10-class softmax reaches 0.05 at the first exit
+    assert (here["prediction"].to_numpy() == test.y.numpy()).mean() == pytest.approx(full)

@@ -184,13 +184,24 @@ def build_parser() -> argparse.ArgumentParser:
                     "reload seconds) and early exit's throughput per threshold")  # fmt: skip
     be.add_argument("args", nargs=argparse.REMAINDER, help="e.g. --quick --json-out FILE")
 
-    ml = sub.add_parser("mlflow", help="MLflow helpers: send a run's entries that could not be sent")
+    ml = sub.add_parser("mlflow", help="MLflow helpers: send a run's unsent entries, serve a logged model")
     msub = ml.add_subparsers(dest="mlflow_command", required=True, metavar="ACTION")
     rp = msub.add_parser("replay", help="send a spilled runs/mlflow-unsent-*.jsonl to MLflow",
                          description="Send the entries a run could not send (its tracking server was down) into its "
                          "MLflow run, or a new run of the same name when the server does not have it.")  # fmt: skip
     rp.add_argument("file", metavar="JSONL", help="the mlflow-unsent-NAME-TIME.jsonl file the run wrote")
     rp.add_argument("--tracking-uri", metavar="URI", help="where to send them (default: the run's tracking URI)")
+    sv = msub.add_parser("serve", help="serve a logged model over HTTP with MLflow's scoring server",
+                         description="mlflow models serve -m MODEL_URI --env-manager local, with this virtualenv's "
+                         "bin first on PATH (MLflow starts uvicorn from PATH) and growpipe's tracking store: "
+                         "POST /invocations, GET /ping.")  # fmt: skip
+    sv.add_argument(
+        "model_uri", metavar="MODEL_URI", help="models:/NAME/VERSION (a registered run) or models:/MODEL_ID"
+    )
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    sv.add_argument("--port", type=int, default=5001, help="port to listen on (default: 5001)")
+    sv.add_argument("--tracking-uri", metavar="URI", help="the MLflow store holding the model (default: "
+                    "$MLFLOW_TRACKING_URI, else runs/mlflow.db)")  # fmt: skip
 
     da = sub.add_parser("data", help="list datasets or check that one loads")
     dsub = da.add_subparsers(dest="data_command", required=True, metavar="ACTION")
@@ -455,6 +466,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _cmd_mlflow(args: argparse.Namespace) -> int:
     from growpipe.tracking import replay
 
+    if args.mlflow_command == "serve":
+        from growpipe.config import TrackingSpec
+        from growpipe.prepare import absolute
+        from growpipe.serving import serve_model
+        from growpipe.tracking import default_tracking_uri
+
+        serve_model(args.model_uri, args.tracking_uri or default_tracking_uri(absolute(TrackingSpec().workdir)),
+                    args.host, args.port)  # fmt: skip
     if not Path(args.file).is_file():
         raise ConfigError(f"{args.file}: no such file; give the runs/mlflow-unsent-*.jsonl a run wrote")
     replay(args.file, args.tracking_uri)

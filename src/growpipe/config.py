@@ -588,7 +588,8 @@ class TrackingSpec(_Strict):
     """Record CPU, memory, disk and network (GPU when present) of the tracking process's machine as system/*
     metrics (every $MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL seconds, 10 by default)."""
     log_model: bool = True
-    """Log the trained net as an MLflow model (`model`: a pyfunc running adaptive early exit)."""
+    """Log the trained net as an MLflow model: a LoggedModel `model` of the run (a pyfunc running adaptive early
+    exit), carrying the run's final metrics."""
     register_model: bool = False
     """Also register that model in the MLflow model registry under the run's name (a new version each run)."""
 

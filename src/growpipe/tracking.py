@@ -21,6 +21,8 @@ from growpipe.config import RunConfig
 from growpipe.loop.callbacks import RunCallback
 
 MLFLOW_TRACKING_URI = "MLFLOW_TRACKING_URI"
+MODEL_NAME = "model"
+"""The name of a run's LoggedModel (as `mlflow.pyfunc.log_model(name="model")` would call it)."""
 
 
 def default_tracking_uri(workdir: str | Path) -> str:
@@ -105,11 +107,14 @@ class MlflowTracker(RunCallback):
         self._monitor: Any = None  # the system-metrics thread
         self._client: Any = None
         self.experiment_id: str | None = None
+        self.example: list[Any] | None = None  # a few raw test rows: the model's input example
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # fail fast; the queue retries
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
 
     # ---- the callback ----------------------------------------------------------------------------------
     def on_data(self, data: dict[str, Any]) -> None:
+        data = dict(data)
+        self.example = data.pop("example_rows", None)
         if not self.ended:
             self.queue.append({"op": "inputs", "data": data})
 
@@ -187,9 +192,9 @@ class MlflowTracker(RunCallback):
             self.artifact_text("pipeline_trace.json", json.dumps(summary["timeline"]))
 
     def on_final_net(self, net: Any, summary: dict[str, Any]) -> None:
-        """The trained net: a checkpoint artifact and, with tracking.log_model, an MLflow model (`model`,
-        a pyfunc with adaptive early exit; growpipe.serving), registered under the run's name with
-        tracking.register_model."""
+        """The trained net: a checkpoint artifact and, with tracking.log_model, an MLflow model: a LoggedModel
+        `model` of the run (a pyfunc with adaptive early exit; growpipe.serving) carrying the run's final
+        metrics, registered under the run's name with tracking.register_model."""
         if self.ended:
             return
         from growpipe.checkpoint import save_net
@@ -200,9 +205,10 @@ class MlflowTracker(RunCallback):
             if self.cfg.tracking.log_model:
                 from growpipe.serving import save_model
 
-                self.artifact_file(save_model(Path(tmp) / "model", checkpoint, net))
-                if self.cfg.tracking.register_model:
-                    self.queue.append({"op": "register", "name": self.run_name})
+                model = self._stage(save_model(Path(tmp) / MODEL_NAME, checkpoint, net, self.example))
+                register = self.run_name if self.cfg.tracking.register_model else None
+                self.queue.append({"op": "model", "path": str(model), "name": MODEL_NAME, "step": summary["epochs"],
+                                   "register": register})  # fmt: skip
 
     def close(self) -> Path | None:
         """Mark the run finished (or failed), make a last try to send; what is still unsent goes to a
@@ -230,7 +236,7 @@ class MlflowTracker(RunCallback):
             self.ended = True
             if self._monitor is not None:  # its last samples before the run ends
                 with contextlib.suppress(Exception):
-                    self._monitor.finish()
+                    finish_system_metrics(self._monitor)
                 self._monitor = None
             self.queue.append({"op": "end", "status": status})
             return self._drain()
@@ -252,6 +258,10 @@ class MlflowTracker(RunCallback):
 
     def artifact_file(self, path: str | Path, subdir: str | None = None) -> None:
         """Queue a file (copied now, so it may change or vanish afterwards) or a directory."""
+        self.queue.append({"op": "artifact", "path": str(self._stage(path)), "subdir": subdir})
+
+    def _stage(self, path: str | Path) -> Path:
+        """A copy of a file or directory in the staging folder, kept until sent (or spilled for replay)."""
         src = Path(path)
         slot = self.staging / f"a{self.staged}"  # one folder per entry: same names never collide
         self.staged += 1
@@ -261,7 +271,7 @@ class MlflowTracker(RunCallback):
             shutil.copytree(src, dst)
         else:
             shutil.copy2(src, dst)
-        self.queue.append({"op": "artifact", "path": str(dst), "subdir": subdir})
+        return dst
 
     # ---- sending ---------------------------------------------------------------------------------------
     def flush(self) -> bool:
@@ -319,8 +329,17 @@ class MlflowTracker(RunCallback):
         return self._client
 
 
+def finish_system_metrics(monitor: Any) -> None:
+    """Stop MLflow's SystemMetricsMonitor and log the samples of its last, unfinished interval too: MLflow drops
+    them, so a run shorter than one interval (10 s by default) would record no system metrics at all."""
+    monitor.finish()
+    if any(m.metrics for m in monitor.monitors):
+        monitor.publish_metrics(monitor.aggregate_metrics())
+        monitor.mlflow_logger.flush()
+
+
 def send_entry(client: Any, run_id: str, entry: dict[str, Any]) -> None:
-    """Send one queued entry (params, metrics, artifact, tags, inputs, register, end, resume) to MLflow run
+    """Send one queued entry (params, metrics, artifact, tags, inputs, model, end, resume) to MLflow run
     `run_id`."""
     from mlflow.entities import Metric, Param
 
@@ -344,8 +363,8 @@ def send_entry(client: Any, run_id: str, entry: dict[str, Any]) -> None:
             client.set_tag(run_id, k, v)
     elif op == "inputs":
         client.log_inputs(run_id, datasets=dataset_inputs(entry["data"]))
-    elif op == "register":
-        register_model(client, run_id, entry["name"])
+    elif op == "model":
+        log_model(client, run_id, entry)
     elif op == "end":
         client.set_terminated(run_id, status=entry["status"])
     elif op == "resume":
@@ -369,15 +388,97 @@ def dataset_inputs(data: dict[str, Any]) -> list[Any]:
     return out
 
 
-def register_model(client: Any, run_id: str, name: str) -> None:
-    """Register the run's `model` artifact as a new version of registered model `name`."""
+def log_model(client: Any, run_id: str, entry: dict[str, Any]) -> None:
+    """Send a staged MLflow model directory (entry: path, name, step, register) as a LoggedModel of run
+    `run_id`, in the steps `mlflow.pyfunc.log_model(name=..., step=...)` takes: the model created with the
+    run's params, an output of the run at `step`, the run's metrics of that step linked to it, its files
+    uploaded, READY; then registered as a new version of `register` when set. Those calls go through
+    `client`: MLflow's own log_model works on the process's current run and tracking URI, which belong to
+    whoever else runs in this process (a Tune trial, a user's notebook). Sent again after a failure midway,
+    it goes on where it stopped (the entry records the model and the steps done)."""
+    from mlflow.entities import LoggedModelOutput
+
+    model_id = _existing_model(client, entry.get("model_id"))
+    if model_id is None:
+        run = client.get_run(run_id)
+        params = {k: str(v) for k, v in run.data.params.items()}
+        model = client.create_logged_model(run.info.experiment_id, name=entry["name"], source_run_id=run_id,
+                                           params=params)  # fmt: skip
+        model_id = entry["model_id"] = model.model_id
+        entry["done"] = []
+    step = int(entry["step"])
+    steps = {
+        "output": lambda: client.log_outputs(run_id, [LoggedModelOutput(model_id, step=step)]),
+        "metrics": lambda: link_metrics(client, run_id, model_id, step),
+        "files": lambda: _upload_model(client, run_id, model_id, Path(entry["path"])),
+        "ready": lambda: client.finalize_logged_model(model_id, "READY"),
+        "register": lambda: entry.get("register") and register_model(client, run_id, entry["register"], model_id),
+    }
+    done = entry.setdefault("done", [])
+    for name, send in steps.items():
+        if name not in done:
+            send()
+            done.append(name)
+
+
+def _upload_model(client: Any, run_id: str, model_id: str, path: Path) -> None:
+    """Upload a model directory as LoggedModel `model_id`'s files, its MLmodel saying where it lives (as
+    MLflow's log_model writes it)."""
+    from mlflow.models import Model
+
+    from growpipe.serving import quiet_mlflow
+
+    mlmodel = Model.load(str(path / "MLmodel"))
+    mlmodel.artifact_path = client.get_logged_model(model_id).artifact_location
+    mlmodel.model_uuid = mlmodel.model_id = model_id
+    mlmodel.run_id = run_id
+    mlmodel.save(str(path / "MLmodel"))
+    with quiet_mlflow():
+        client.log_model_artifacts(model_id, str(path))
+
+
+def _existing_model(client: Any, model_id: str | None) -> str | None:
+    """`model_id` when the tracking store has that LoggedModel (a retry), else None (a first try, or a replay
+    into another store)."""
+    from mlflow.exceptions import MlflowException
+
+    if model_id is None:
+        return None
+    try:
+        return client.get_logged_model(model_id).model_id
+    except MlflowException as e:
+        if e.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return None
+        raise
+
+
+def link_metrics(client: Any, run_id: str, model_id: str, step: int) -> None:
+    """Link the run's metrics logged at `step` (the machine's system/* ones aside) to LoggedModel `model_id`:
+    the model's metrics, as MLflow's log_model links those of its step."""
+    from mlflow.entities import Metric
+
+    linked = []
+    for key in client.get_run(run_id).data.metrics:
+        if key.startswith("system/"):
+            continue
+        at_step = [m for m in client.get_metric_history(run_id, key) if m.step == step and m.model_id is None]
+        linked += [Metric(m.key, m.value, m.timestamp, m.step, model_id=model_id, run_id=run_id) for m in at_step]
+    for i in range(0, len(linked), 1000):  # MLflow takes at most 1000 metrics per batch
+        client.log_batch(run_id, metrics=linked[i : i + 1000])
+
+
+def register_model(client: Any, run_id: str, name: str, model_id: str) -> None:
+    """Register LoggedModel `model_id` of run `run_id` as a new version of registered model `name`. Its source
+    is the model's artifact location (where models:/MODEL_ID resolves to): MLflow 3.17's database registry
+    would resolve that URI through the process's global tracking URI, not this client's."""
     from mlflow.exceptions import MlflowException
 
     try:
         client.get_registered_model(name)
     except MlflowException:
         client.create_registered_model(name)
-    client.create_model_version(name, f"runs:/{run_id}/model", run_id=run_id)
+    source = client.get_logged_model(model_id).artifact_location
+    client.create_model_version(name, source, run_id=run_id, model_id=model_id)
 
 
 def replay(path: str | Path, uri: str | None = None, say: Any = print) -> str:
@@ -404,7 +505,7 @@ def replay(path: str | Path, uri: str | None = None, say: Any = print) -> str:
         run_id = client.create_run(exp, run_name=head["run_name"], tags=head.get("tags") or {}).info.run_id
     skipped = 0
     for entry in entries:
-        if entry["op"] == "artifact" and not Path(entry["path"]).exists():
+        if entry["op"] in ("artifact", "model") and not Path(entry["path"]).exists():
             skipped += 1  # its staged copy is gone (another machine, or cleaned up)
             continue
         send_entry(client, run_id, entry)

@@ -16,6 +16,7 @@ import torch
 
 from growpipe.config import FeatureGroupsSpec
 from growpipe.data.checks import Origin
+from growpipe.data.moments import unstandardise
 from growpipe.data.stream import prefetch
 from growpipe.data.text import Vocab
 from growpipe.errors import DataError
@@ -68,6 +69,10 @@ class Split:
         return self.augment(x, idx, epoch) if self.augment is not None and epoch is not None else x
 
 
+EXAMPLE_ROWS = 3
+"""Test rows a run keeps as its model's input example."""
+
+
 @dataclass
 class DataBundle:
     """A dataset ready for training: splits, label space and input description."""
@@ -104,7 +109,8 @@ class DataBundle:
         return "long" if self.train.side[group].dtype == torch.long else "float"
 
     def describe(self) -> dict[str, object]:
-        """The bundle as a run records it: its summary line, name, source, and per split rows and digest."""
+        """The bundle as a run records it: its summary line, name, source, per split rows and digest, and
+        `example_rows` (a model's input example)."""
         splits = {"train": self.train, "val": self.val, "test": self.test}
         return {
             "summary": self.summary(),
@@ -112,7 +118,17 @@ class DataBundle:
             "source": self.source or self.name,
             "kind": self.kind,
             "splits": {k: {"rows": len(v), "digest": digest(v)} for k, v in splits.items() if v is not None},
+            "example_rows": self.example_rows(),
         }
+
+    def example_rows(self, n: int = EXAMPLE_ROWS) -> list[Any]:
+        """The first `n` test rows as a trained model takes them: as read, before standardisation (nested
+        lists of the input shape, floats to 6 decimals: undoing the standardisation leaves float32 rounding
+        such as -2e-08 for 0; token ids for text)."""
+        x = self.test.inputs(torch.arange(min(n, len(self.test))))
+        if x.dtype == torch.long:
+            return x.tolist()
+        return (np.round(unstandardise(x, self.normalize, 1).double().numpy(), 6) + 0.0).tolist()  # no -0.0
 
     def summary(self) -> str:
         """One line describing the bundle."""

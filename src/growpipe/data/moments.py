@@ -83,11 +83,23 @@ def standardise(x: torch.Tensor, stats: dict[str, list[float]] | None, axis: int
     """(x - mean) / std along `axis` (the channel or feature axis); x unchanged without stats."""
     if stats is None:
         return x
-    shape = [1] * x.dim()
-    shape[axis] = -1
-    mean = torch.tensor(stats["mean"], dtype=x.dtype).reshape(shape)
-    std = torch.tensor(stats["std"], dtype=x.dtype).reshape(shape)
+    mean, std = _along(stats, x.dim(), axis, x.dtype)
     return (x - mean) / std
+
+
+def unstandardise(x: torch.Tensor, stats: dict[str, list[float]] | None, axis: int) -> torch.Tensor:
+    """Undo `standardise`: x * std + mean along `axis`, computed in float64; x unchanged without stats."""
+    if stats is None:
+        return x
+    mean, std = _along(stats, x.dim(), axis, torch.float64)
+    return (x.double() * std + mean).to(x.dtype)
+
+
+def _along(stats: dict[str, list[float]], ndim: int, axis: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """The mean and std of `stats` shaped to broadcast along `axis` of an `ndim`-dimensional tensor."""
+    shape = [1] * ndim
+    shape[axis] = -1
+    return tuple(torch.tensor(stats[k], dtype=dtype).reshape(shape) for k in ("mean", "std"))
 
 
 def normalise(bundle: DataBundle, spec: DataSpec, seed: int = 0) -> DataBundle:
