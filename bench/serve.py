@@ -5,9 +5,10 @@ several thresholds on a trained Fashion-MNIST DASCPL net.
     .venv/bin/growpipe bench serve --json-out bench/out/serve.json
     .venv/bin/growpipe bench serve --quick
 
-1. Follow: a `growpipe train --runtime local` job in its own process (DASCPL MLP, a checkpoint every epoch, two
-   growth steps) is followed by `growpipe serve`'s follower (every new whole checkpoint deployed as the
-   deployment's user_config); CLIENTS threads on 127.0.0.1 each send REQUESTS requests of ROWS raw test rows
+1. Follow: a `growpipe train` job in its own process on the same Ray (DASCPL MLP on stage actors, a
+   checkpoint every epoch, two growth steps; it holds before its first batch until the load starts) is
+   followed by `growpipe serve`'s follower (every new whole checkpoint deployed as the deployment's
+   user_config); CLIENTS threads on 127.0.0.1 each send REQUESTS requests of ROWS raw test rows
    (keep-alive HTTP), stopping by themselves. Reported: p50 / p99 latency, requests/s, failed requests, per
    new checkpoint the seconds from its manifest being written to the first answer carrying it, the versions
    (blocks) that answered, and the mix of exit depths.
@@ -121,7 +122,7 @@ def follow_phase(quick: bool, options: Any, tmp: Path, clients: int, requests: i
                  "limit_train": None, "limit_test": 1000},
         "net": {"backbone": "mlp", "blocks": 2, "width": 64 if quick else 1024},
         "train": {"epochs": 2}, "grow": {"schedule": [{"kind": "layer", "epochs": 2}, {"kind": "layer", "epochs": 2}]},
-        "tracking": {"mlflow": False},
+        "tracking": {"mlflow": False}, "runtime": {"cpus_per_stage": 0.5, "dashboard": False},
         "checkpoint": {"enabled": True, "uri": str(tmp / "checkpoints"), "every_epochs": 1, "keep": 3},
     }  # fmt: skip
     cfg = build_config(job)
@@ -129,9 +130,13 @@ def follow_phase(quick: bool, options: Any, tmp: Path, clients: int, requests: i
     rows = 16
     x, _ = raw_test_rows(bundle, InputInfo.from_bundle(bundle), rows)
     (tmp / "job.yaml").write_text(yaml.safe_dump(job))
-    env = {**os.environ, "GROWPIPE_WORKDIR": str(tmp), "PYTHONPATH": str(REPO / "src")}
+    gate = tmp / "gate"  # the job holds before its first training batch until the load starts (GROWPIPE_HOLD_AT)
+    env = {**os.environ, "GROWPIPE_WORKDIR": str(tmp), "PYTHONPATH": str(REPO / "src"),
+           "GROWPIPE_HOLD_AT": f"1:0:{gate}"}  # fmt: skip
+    import ray
+
     cmd = [sys.executable, "-c", "import sys; from growpipe.cli import main; sys.exit(main(sys.argv[1:]))", "train",
-           "--config", str(tmp / "job.yaml"), "--runtime", "local"]  # fmt: skip
+           "--config", str(tmp / "job.yaml"), "--address", ray.get_runtime_context().gcs_address]  # fmt: skip
     log = (tmp / "job.log").open("w")
     store = CheckpointStore(str(tmp / "checkpoints"), "followed")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -160,6 +165,7 @@ def follow_phase(quick: bool, options: Any, tmp: Path, clients: int, requests: i
         watcher.start()
         load = Load(options.port, [json.dumps({"inputs": x.tolist()}).encode()], clients, requests)
         load_start = time.time()
+        gate.touch()
         wall = load.run()
         job_done = proc.poll() is not None
         stop.set()
@@ -187,22 +193,40 @@ def follow_phase(quick: bool, options: Any, tmp: Path, clients: int, requests: i
     return out
 
 
+def handle_rows_per_s(handle: Any, x: np.ndarray, rows: int, threshold: float, clients: int, requests: int) -> float:
+    """Rows answered per second through Serve's Python handle (arrays, no HTTP or JSON): `clients` threads,
+    `requests` calls each of `rows` rows."""
+    chunks = [x[i : i + rows] for i in range(0, len(x) - rows + 1, rows)]
+
+    def client() -> None:
+        for i in range(requests):
+            handle.predict.remote({"inputs": chunks[i % len(chunks)], "threshold": threshold}).result(timeout_s=120)
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return round(clients * requests * rows / (time.perf_counter() - t0), 1)
+
+
 def threshold_phase(quick: bool, options: Any, tmp: Path, clients: int, requests: int,
                     repeats: int) -> list[dict[str, Any]]:  # fmt: skip
     """Latency and throughput of real early exit per threshold on one trained DASCPL net: the medians of
     `repeats` loads per threshold (and of the rows/s ratio to the full path within each repeat)."""
     from growpipe.checkpoint import save_net
+    from growpipe.config import load_config
     from growpipe.local import train_local
     from growpipe.serve.deploy import deploy, serve_config, wait_until_serving
     from growpipe.serve.source import resolve
 
-    cfg = build_config({
-        "method": "dascpl", "seed": 0, "threads": 1,
-        "data": {"name": "digits" if quick else "fashion-mnist", "batch_size": 128,
-                 "limit_train": None if quick else 20000, "limit_test": None if quick else 5000},
-        "net": {"backbone": "mlp", "blocks": 4, "width": 64 if quick else 1024},
-        "train": {"epochs": 1 if quick else 4}, "tracking": {"mlflow": False}, "checkpoint": {"enabled": False},
-    })  # fmt: skip
+    sets = ["data.limit_train=20000", "data.limit_test=5000", "train.epochs=2", "tracking.mlflow=false",
+            "checkpoint.enabled=false"]  # fmt: skip
+    if quick:
+        sets = ["data.name=digits", "net.widths=[8,8,8,8]", "train.epochs=1", "tracking.mlflow=false",
+                "checkpoint.enabled=false"]  # fmt: skip
+    cfg = load_config(REPO / "configs/fashion-mnist-dascpl.yaml", sets)  # the shipped DASCPL CNN, trained briefly
     run = train_local(cfg, progress=None)
     ck = save_net(tmp / "net", run.net, cfg, run.result)
     source = resolve(None, str(ck), None, str(tmp), None)
@@ -216,11 +240,18 @@ def threshold_phase(quick: bool, options: Any, tmp: Path, clients: int, requests
         return [json.dumps({"inputs": x[i : i + rows].tolist(), "threshold": th}).encode()
                 for i in range(0, len(x) - rows + 1, rows)]  # fmt: skip
 
+    from ray import serve
+
+    from growpipe.serve.deploy import APP
+
+    handle = serve.get_app_handle(APP)
     runs: dict[float, list[dict[str, Any]]] = {th: [] for th in THRESHOLDS}
+    by_handle: dict[float, list[float]] = {th: [] for th in THRESHOLDS}
     for _ in range(repeats):  # the thresholds in turn, each repeat: drift on a shared machine hits them alike
         for th in THRESHOLDS:
             load = Load(options.port, bodies(th)[:8], clients, requests)
             runs[th].append(load.summary(load.run(), rows))
+            by_handle[th].append(handle_rows_per_s(handle, x[: rows * 8], rows, th, clients, requests))
     out = []
     for th in THRESHOLDS:
         correct = 0  # accuracy of this threshold's answers over the whole test split (outside the timing)
@@ -242,6 +273,9 @@ def threshold_phase(quick: bool, options: Any, tmp: Path, clients: int, requests
             "p99_over_p50": statistics.median(t["p99_over_p50"] for t in timed),
             "rows_per_s_vs_full": round(statistics.median(
                 t["rows_per_s"] / f["rows_per_s"] for t, f in zip(timed, runs[1.0], strict=True)), 3),
+            "handle_rows_per_s": statistics.median(by_handle[th]),
+            "handle_rows_per_s_vs_full": round(statistics.median(
+                h / f for h, f in zip(by_handle[th], by_handle[1.0], strict=True)), 3),
             "mean_exit_depth": round(sum(int(d) * n for d, n in depths.items()) / sum(depths.values()), 3),
         })  # fmt: skip
     for row in out:
@@ -253,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="digits, tiny nets, a few requests")
     ap.add_argument("--clients", type=int, default=4, help="client threads (default %(default)s)")
-    ap.add_argument("--requests", type=int, default=3000,
+    ap.add_argument("--requests", type=int, default=1500,
                     help="requests per client while following the job (default %(default)s)")  # fmt: skip
     ap.add_argument("--threshold-requests", type=int, default=150,
                     help="requests per client at each threshold (default %(default)s)")  # fmt: skip
@@ -272,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     options = ServeOptions(port=args.port, cpus_per_replica=1.0)
     owns = not ray.is_initialized()
     if owns:
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)  # the job's stages and the replicas
     try:
         with tempfile.TemporaryDirectory(prefix="growpipe-bench-serve-") as tmp:
             followed = follow_phase(args.quick, options, Path(tmp), args.clients, requests)
@@ -286,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
                                          1 if args.quick else args.repeats)  # fmt: skip
             for r in thresholds:
                 print(f"threshold {r['threshold']}: p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms (x{r['p99_over_p50']}),"
-                      f" {r['rows_per_s']} rows/s ({r['rows_per_s_vs_full']}x the full path), accuracy "
+                      f" {r['rows_per_s']} rows/s ({r['rows_per_s_vs_full']}x the full path; by handle "
+                      f"{r['handle_rows_per_s_vs_full']}x), accuracy "
                       f"{r['accuracy']} ({r['points_vs_full']:+} points), depth {r['mean_exit_depth']}")  # fmt: skip
     finally:
         from ray import serve

@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from growpipe.errors import InputError
 from growpipe.serve.predictor import check_options
 
@@ -47,7 +49,7 @@ def parse_request(data: Any) -> PredictRequest:
     if "inputs" not in data:
         raise InputError('inputs: missing; send {"inputs": [[...], ...]} (one row per sample)')
     inputs = data["inputs"]
-    if not isinstance(inputs, list) or not inputs:
+    if not isinstance(inputs, list | np.ndarray) or len(inputs) == 0:  # a handle call may pass an array
         raise InputError("inputs: must be a non-empty list of rows (one per sample)")
     if len(inputs) > MAX_ROWS:
         raise InputError(f"inputs: {len(inputs)} rows; at most {MAX_ROWS} per request, split the batch")
