@@ -119,7 +119,7 @@ def follow_phase(quick: bool, options: Any, tmp: Path, clients: int, requests: i
     job = {
         "method": "dascpl", "seed": 0, "name": "followed",
         "data": {"name": "digits" if quick else "fashion-mnist", "batch_size": 128,
-                 "limit_train": None, "limit_test": 1000},
+                 "limit_train": None if quick else 20000, "limit_test": 1000},
         "net": {"backbone": "mlp", "blocks": 2, "width": 64 if quick else 1024},
         "train": {"epochs": 2}, "grow": {"schedule": [{"kind": "layer", "epochs": 2}, {"kind": "layer", "epochs": 2}]},
         "tracking": {"mlflow": False}, "runtime": {"cpus_per_stage": 0.5, "dashboard": False},
@@ -252,6 +252,8 @@ def threshold_phase(quick: bool, options: Any, tmp: Path, clients: int, requests
             load = Load(options.port, bodies(th)[:8], clients, requests)
             runs[th].append(load.summary(load.run(), rows))
             by_handle[th].append(handle_rows_per_s(handle, x[: rows * 8], rows, th, clients, requests))
+            print(f"  threshold {th}: {runs[th][-1]['rows_per_s']} rows/s over HTTP, {by_handle[th][-1]} by handle",
+                  flush=True)  # fmt: skip
     out = []
     for th in THRESHOLDS:
         correct = 0  # accuracy of this threshold's answers over the whole test split (outside the timing)
@@ -289,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=4, help="client threads (default %(default)s)")
     ap.add_argument("--requests", type=int, default=1500,
                     help="requests per client while following the job (default %(default)s)")  # fmt: skip
-    ap.add_argument("--threshold-requests", type=int, default=150,
+    ap.add_argument("--threshold-requests", type=int, default=50,
                     help="requests per client at each threshold (default %(default)s)")  # fmt: skip
     ap.add_argument("--repeats", type=int, default=3, help="loads per threshold, the median kept (default %(default)s)")
     ap.add_argument("--port", type=int, default=8000, help="HTTP port of the server (default %(default)s)")

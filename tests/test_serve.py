@@ -181,3 +181,19 @@ def test_block_groups_answer_as_the_whole_net_does_each_holding_its_own_blocks(s
     assert code == 200
     assert answer["prediction"] == expected["prediction"] and answer["exit_depth"] == expected["exit_depth"]
     assert np.allclose(answer["confidence"], expected["confidence"], atol=1e-5)
+
+
+def test_a_registered_mlflow_model_is_served_by_its_version_as_its_checkpoint_is(served, raw_rows, tmp_path):
+    """--model models:/NAME/1: the replica downloads the run's LoggedModel and answers from the checkpoint in it,
+    as the same net loaded here does."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking = {"mlflow": True, "uri": uri, "workdir": str(tmp_path), "register_model": True}
+    cfg = tiny_config(method="dascpl", name="registered", tracking=tracking)
+    run = train_local(cfg, progress=None)
+    source = resolve(None, None, "models:/registered/1", str(tmp_path), uri)
+    status = start(source, served)
+    assert status["version"]["run"] == "registered" and status["source"] == "models:/registered/1"
+    expected = Predictor.load(save_net(tmp_path / "ck", run.net, cfg, run.result)).predict(raw_rows)
+    code, answer = post(f"http://127.0.0.1:{served.port}/predict", json.dumps({"inputs": raw_rows.tolist()}).encode())
+    assert code == 200
+    assert (answer["prediction"], answer["exit_depth"]) == (expected["prediction"], expected["exit_depth"])

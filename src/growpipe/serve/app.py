@@ -41,8 +41,11 @@ def checkpoint_of(user_config: dict[str, Any]) -> str | Path:
         return source
     from mlflow.artifacts import download_artifacts
 
-    local = Path(download_artifacts(artifact_uri=source, dst_path=tempfile.mkdtemp(prefix="growpipe-model-"),
-                                    tracking_uri=user_config.get("tracking_uri")))  # fmt: skip
+    from growpipe.serve.source import model_files
+
+    tracking = user_config.get("tracking_uri")
+    local = Path(download_artifacts(artifact_uri=model_files(source, tracking), tracking_uri=tracking,
+                                    dst_path=tempfile.mkdtemp(prefix="growpipe-model-")))  # fmt: skip
     found = sorted(p.parent for p in local.rglob("manifest.json"))
     if not found:
         raise GrowpipeError(f"{source}: the model holds no growpipe checkpoint (artifacts/checkpoint)")

@@ -56,11 +56,32 @@ def resolve(run: str | None, checkpoint: str | None, model: str | None, checkpoi
         from mlflow.artifacts import download_artifacts
 
         logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)  # its table checks are not news
-        download_artifacts(artifact_uri=f"{model.rstrip('/')}/MLmodel", tracking_uri=tracking_uri)
+        download_artifacts(artifact_uri=f"{model_files(model, tracking_uri)}/MLmodel", tracking_uri=tracking_uri)
     except Exception as e:  # MLflow raises its own and OSError subclasses for an unknown name/version/run
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"--model: {model} does not resolve in MLflow store {tracking_uri} ({first[:200]})") from None
     return Source("model", model, tracking_uri)
+
+
+def model_files(model: str, tracking_uri: str | None) -> str:
+    """Where an MLflow model URI's files are, resolved in the store at `tracking_uri` (MLflow resolves a
+    models:/ URI through the process-wide registry URI instead, whatever store it is given):
+    models:/NAME/VERSION, models:/NAME@ALIAS, models:/MODEL_ID; runs:/ URIs as they are."""
+    if not model.startswith("models:/"):
+        return model.rstrip("/")
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    path = model.removeprefix("models:/").strip("/")
+    if "@" in path:
+        name, alias = path.split("@", 1)
+        version = client.get_model_version_by_alias(name, alias)
+    elif "/" in path:
+        name, number = path.split("/", 1)
+        version = client.get_model_version(name, number)
+    else:
+        return client.get_logged_model(path).artifact_location
+    return client.get_model_version_download_uri(version.name, version.version)
 
 
 def newest_whole(store: CheckpointStore) -> str:
