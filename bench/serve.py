@@ -12,9 +12,10 @@ several thresholds on a trained Fashion-MNIST DASCPL net.
    (keep-alive HTTP), stopping by themselves. Reported: p50 / p99 latency, requests/s, failed requests, per
    new checkpoint the seconds from its manifest being written to the first answer carrying it, the versions
    (blocks) that answered, and the mix of exit depths.
-2. Thresholds: a DASCPL net trained in this process on Fashion-MNIST (4 MLP blocks) is served alone; for
-   each threshold the same fixed load: p50 / p99 latency, rows/s against the full path (1.0), accuracy of the
-   answers against the labels, mean exit depth.
+2. Thresholds: the shipped Fashion-MNIST DASCPL CNN (configs/fashion-mnist-dascpl.yaml, 4 epochs on 20k rows)
+   served alone; for each threshold the same fixed load, repeated: p50 / p99 latency and rows/s over HTTP with
+   the rows as JSON numbers, rows/s with the rows as a base64 .npy array, rows/s through Serve's Python handle
+   (arrays, no HTTP), each against the full path (1.0); accuracy of the answers; mean exit depth.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ sys.path.insert(0, str(REPO / "src"))
 
 from growpipe.config import build_config  # noqa: E402
 from growpipe.fsutil import atomic_write_json  # noqa: E402
+from growpipe.serve.request import encode_npy  # noqa: E402
 
 THRESHOLDS = (1.0, 0.999, 0.99, 0.9, 0.7)
 
@@ -221,7 +223,7 @@ def threshold_phase(quick: bool, options: Any, tmp: Path, clients: int, requests
     from growpipe.serve.deploy import deploy, serve_config, wait_until_serving
     from growpipe.serve.source import resolve
 
-    sets = ["data.limit_train=20000", "data.limit_test=5000", "train.epochs=2", "tracking.mlflow=false",
+    sets = ["data.limit_train=20000", "data.limit_test=5000", "train.epochs=4", "tracking.mlflow=false",
             "checkpoint.enabled=false"]  # fmt: skip
     if quick:
         sets = ["data.name=digits", "net.widths=[8,8,8,8]", "train.epochs=1", "tracking.mlflow=false",
@@ -236,8 +238,11 @@ def threshold_phase(quick: bool, options: Any, tmp: Path, clients: int, requests
     x, y = raw_test_rows(run.bundle, run.net.info, len(run.bundle.test.y))
     rows = min(rows, len(x) // 8)
 
-    def bodies(th: float) -> list[bytes]:
-        return [json.dumps({"inputs": x[i : i + rows].tolist(), "threshold": th}).encode()
+    def bodies(th: float, npy: bool = False) -> list[bytes]:
+        def inputs(part: np.ndarray) -> Any:
+            return encode_npy(part) if npy else part.tolist()
+
+        return [json.dumps({"inputs": inputs(x[i : i + rows]), "threshold": th}).encode()
                 for i in range(0, len(x) - rows + 1, rows)]  # fmt: skip
 
     from ray import serve
@@ -247,13 +252,16 @@ def threshold_phase(quick: bool, options: Any, tmp: Path, clients: int, requests
     handle = serve.get_app_handle(APP)
     runs: dict[float, list[dict[str, Any]]] = {th: [] for th in THRESHOLDS}
     by_handle: dict[float, list[float]] = {th: [] for th in THRESHOLDS}
+    by_npy: dict[float, list[float]] = {th: [] for th in THRESHOLDS}
     for _ in range(repeats):  # the thresholds in turn, each repeat: drift on a shared machine hits them alike
         for th in THRESHOLDS:
             load = Load(options.port, bodies(th)[:8], clients, requests)
             runs[th].append(load.summary(load.run(), rows))
             by_handle[th].append(handle_rows_per_s(handle, x[: rows * 8], rows, th, clients, requests))
-            print(f"  threshold {th}: {runs[th][-1]['rows_per_s']} rows/s over HTTP, {by_handle[th][-1]} by handle",
-                  flush=True)  # fmt: skip
+            npy = Load(options.port, bodies(th, npy=True)[:8], clients, requests)
+            by_npy[th].append(npy.summary(npy.run(), rows)["rows_per_s"])
+            print(f"  threshold {th}: rows/s {runs[th][-1]['rows_per_s']} over HTTP (JSON numbers), {by_npy[th][-1]} "
+                  f"(npy), {by_handle[th][-1]} by handle", flush=True)  # fmt: skip
     out = []
     for th in THRESHOLDS:
         correct = 0  # accuracy of this threshold's answers over the whole test split (outside the timing)
@@ -275,6 +283,9 @@ def threshold_phase(quick: bool, options: Any, tmp: Path, clients: int, requests
             "p99_over_p50": statistics.median(t["p99_over_p50"] for t in timed),
             "rows_per_s_vs_full": round(statistics.median(
                 t["rows_per_s"] / f["rows_per_s"] for t, f in zip(timed, runs[1.0], strict=True)), 3),
+            "npy_rows_per_s": statistics.median(by_npy[th]),
+            "npy_rows_per_s_vs_full": round(statistics.median(
+                h / f for h, f in zip(by_npy[th], by_npy[1.0], strict=True)), 3),
             "handle_rows_per_s": statistics.median(by_handle[th]),
             "handle_rows_per_s_vs_full": round(statistics.median(
                 h / f for h, f in zip(by_handle[th], by_handle[1.0], strict=True)), 3),
@@ -322,8 +333,8 @@ def main(argv: list[str] | None = None) -> int:
                                          1 if args.quick else args.repeats)  # fmt: skip
             for r in thresholds:
                 print(f"threshold {r['threshold']}: p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms (x{r['p99_over_p50']}),"
-                      f" {r['rows_per_s']} rows/s ({r['rows_per_s_vs_full']}x the full path; by handle "
-                      f"{r['handle_rows_per_s_vs_full']}x), accuracy "
+                      f" {r['rows_per_s']} rows/s ({r['rows_per_s_vs_full']}x the full path; npy "
+                      f"{r['npy_rows_per_s_vs_full']}x, by handle {r['handle_rows_per_s_vs_full']}x), accuracy "
                       f"{r['accuracy']} ({r['points_vs_full']:+} points), depth {r['mean_exit_depth']}")  # fmt: skip
     finally:
         from ray import serve

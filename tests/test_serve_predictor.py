@@ -4,6 +4,7 @@ answers out; each bad request one line naming its field. No Ray here."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -76,3 +77,17 @@ def test_inputs_of_the_wrong_shape_or_dtype_are_refused_by_field(trained, rows, 
         predictor.predict(parse_body(json.dumps({"inputs": rows})).inputs)
     assert predictor.predict(np.zeros((2, 8, 8), dtype=np.float32))["exit_depth"] == [3, 3], "its own shape works"
     assert torch.is_grad_enabled(), "inference leaves autograd as it found it"
+
+
+def test_rows_may_come_as_a_base64_npy_array_and_answer_the_same(trained):
+    from growpipe.serve.request import encode_npy
+
+    _, path, raw = trained
+    predictor = Predictor.load(path)
+    rows = raw[:20].astype(np.float32)
+    request = parse_body(json.dumps({"inputs": encode_npy(rows), "threshold": 0.5}))
+    assert predictor.predict(request.inputs, request.threshold) == predictor.predict(rows.tolist(), 0.5)
+    for inputs, says in [({"npy_base64": "%%%"}, "inputs.npy_base64: not a base64 .npy array"),
+                         ({"rows": []}, 'inputs: an object must be {"npy_base64"')]:  # fmt: skip
+        with pytest.raises(InputError, match=f"^{re.escape(says)}"):
+            parse_body(json.dumps({"inputs": inputs}))

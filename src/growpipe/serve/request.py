@@ -3,6 +3,9 @@ field (the server answers it with HTTP 400 and keeps serving)."""
 
 from __future__ import annotations
 
+import base64
+import binascii
+import io
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +43,23 @@ def parse_body(body: bytes | str) -> PredictRequest:
     return parse_request(data)
 
 
+def encode_npy(rows: np.ndarray) -> dict[str, str]:
+    """Rows as the compact form of `inputs`: {"npy_base64": base64 of the array saved as a .npy file}."""
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(rows), allow_pickle=False)
+    return {"npy_base64": base64.b64encode(buf.getvalue()).decode()}
+
+
+def decode_npy(inputs: dict[str, Any]) -> np.ndarray:
+    """The array `encode_npy` wrote; InputError naming the field when it is something else."""
+    if set(inputs) != {"npy_base64"} or not isinstance(inputs["npy_base64"], str):
+        raise InputError('inputs: an object must be {"npy_base64": "<base64 of a .npy array>"}; or send a list of rows')
+    try:
+        return np.load(io.BytesIO(base64.b64decode(inputs["npy_base64"], validate=True)), allow_pickle=False)
+    except (ValueError, OSError, binascii.Error) as e:
+        raise InputError(f"inputs.npy_base64: not a base64 .npy array ({str(e)[:120]})") from None
+
+
 def parse_request(data: Any) -> PredictRequest:
     """A request from its fields (the JSON body or a Python handle call's dict)."""
     if not isinstance(data, dict):
@@ -49,6 +69,8 @@ def parse_request(data: Any) -> PredictRequest:
     if "inputs" not in data:
         raise InputError('inputs: missing; send {"inputs": [[...], ...]} (one row per sample)')
     inputs = data["inputs"]
+    if isinstance(inputs, dict):
+        inputs = decode_npy(inputs)
     if not isinstance(inputs, list | np.ndarray) or len(inputs) == 0:  # a handle call may pass an array
         raise InputError("inputs: must be a non-empty list of rows (one per sample)")
     if len(inputs) > MAX_ROWS:
