@@ -213,8 +213,8 @@ def handle_rows_per_s(handle: Any, x: np.ndarray, rows: int, threshold: float, c
     return round(clients * requests * rows / (time.perf_counter() - t0), 1)
 
 
-def threshold_phase(quick: bool, options: Any, tmp: Path, clients: int, requests: int,
-                    repeats: int) -> list[dict[str, Any]]:  # fmt: skip
+def threshold_phase(quick: bool, options: Any, tmp: Path, clients: int, requests: int, repeats: int,
+                    epochs: int) -> list[dict[str, Any]]:  # fmt: skip
     """Latency and throughput of real early exit per threshold on one trained DASCPL net: the medians of
     `repeats` loads per threshold (and of the rows/s ratio to the full path within each repeat)."""
     from growpipe.checkpoint import save_net
@@ -223,12 +223,10 @@ def threshold_phase(quick: bool, options: Any, tmp: Path, clients: int, requests
     from growpipe.serve.deploy import deploy, serve_config, wait_until_serving
     from growpipe.serve.source import resolve
 
-    sets = ["data.limit_train=20000", "data.limit_test=5000", "train.epochs=4", "tracking.mlflow=false",
-            "checkpoint.enabled=false"]  # fmt: skip
+    sets = ["data.limit_test=5000", f"train.epochs={epochs}", "tracking.mlflow=false", "checkpoint.enabled=false"]
     if quick:
-        sets = ["data.name=digits", "net.widths=[8,8,8,8]", "train.epochs=1", "tracking.mlflow=false",
-                "checkpoint.enabled=false"]  # fmt: skip
-    cfg = load_config(REPO / "configs/fashion-mnist-dascpl.yaml", sets)  # the shipped DASCPL CNN, trained briefly
+        sets += ["data.name=digits", "net.widths=[8,8,8,8]"]
+    cfg = load_config(REPO / "configs/fashion-mnist-dascpl.yaml", sets)  # the shipped DASCPL CNN
     run = train_local(cfg, progress=None)
     ck = save_net(tmp / "net", run.net, cfg, run.result)
     source = resolve(None, str(ck), None, str(tmp), None)
@@ -304,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="requests per client while following the job (default %(default)s)")  # fmt: skip
     ap.add_argument("--threshold-requests", type=int, default=50,
                     help="requests per client at each threshold (default %(default)s)")  # fmt: skip
+    ap.add_argument("--epochs", type=int, default=10,
+                    help="epochs of the threshold phase's net (the shipped config's 10 by default)")  # fmt: skip
+    ap.add_argument("--phases", default="follow,thresholds", help="which phases to run (default %(default)s)")
     ap.add_argument("--repeats", type=int, default=3, help="loads per threshold, the median kept (default %(default)s)")
     ap.add_argument("--port", type=int, default=8000, help="HTTP port of the server (default %(default)s)")
     ap.add_argument("--json-out", metavar="FILE", help="write the figures as JSON")
@@ -322,16 +323,20 @@ def main(argv: list[str] | None = None) -> int:
         ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)  # the job's stages and the replicas
     try:
         with tempfile.TemporaryDirectory(prefix="growpipe-bench-serve-") as tmp:
-            followed = follow_phase(args.quick, options, Path(tmp), args.clients, requests)
-            print(f"follow: {followed['requests']} requests, {followed['failed']} failed, p50 {followed['p50_ms']} ms,"
-                  f" p99 {followed['p99_ms']} ms, {followed['requests_per_s']} req/s; versions answered "
-                  f"{followed['versions_answered']} (blocks {followed['blocks_answered']}), reload median "
-                  f"{followed['reload_seconds_median']} s, job finished during the load: "
-                  f"{followed['job_finished_during_load']}")  # fmt: skip
-            thresholds = threshold_phase(args.quick, options, Path(tmp), args.clients,
-                                         10 if args.quick else args.threshold_requests,
-                                         1 if args.quick else args.repeats)  # fmt: skip
-            for r in thresholds:
+            followed = thresholds = None
+            if "follow" in args.phases:
+                followed = follow_phase(args.quick, options, Path(tmp), args.clients, requests)
+                f = followed
+                print(f"follow: {f['requests']} requests, {f['failed']} failed, p50 {f['p50_ms']} ms, p99 "
+                      f"{f['p99_ms']} ms, {f['requests_per_s']} req/s; versions answered {f['versions_answered']} "
+                      f"(blocks {f['blocks_answered']}), reload median {f['reload_seconds_median']} s, job finished "
+                      f"during the load: {f['job_finished_during_load']}")  # fmt: skip
+            if "thresholds" in args.phases:
+                quick = args.quick
+                thresholds = threshold_phase(quick, options, Path(tmp), args.clients,
+                                             10 if quick else args.threshold_requests, 1 if quick else args.repeats,
+                                             1 if quick else args.epochs)  # fmt: skip
+            for r in thresholds or []:
                 print(f"threshold {r['threshold']}: p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms (x{r['p99_over_p50']}),"
                       f" {r['rows_per_s']} rows/s ({r['rows_per_s_vs_full']}x the full path; npy "
                       f"{r['npy_rows_per_s_vs_full']}x, by handle {r['handle_rows_per_s_vs_full']}x), accuracy "

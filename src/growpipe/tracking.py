@@ -108,6 +108,10 @@ class MlflowTracker(RunCallback):
         self._client: Any = None
         self.experiment_id: str | None = None
         self.example: list[Any] | None = None  # a few raw test rows: the model's input example
+        if not os.environ.get("MLFLOW_LOGGING_LEVEL"):  # MLflow's INFO lines (tables, monitor, validation) are noise
+            import logging
+
+            logging.getLogger("mlflow").setLevel(logging.WARNING)
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # fail fast; the queue retries
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
 
