@@ -43,7 +43,7 @@ from growpipe.config import build_config  # noqa: E402
 from growpipe.fsutil import atomic_write_json  # noqa: E402
 from growpipe.serve.request import encode_npy  # noqa: E402
 
-THRESHOLDS = (1.0, 0.999, 0.99, 0.9, 0.7)
+THRESHOLDS = (1.0, 0.999, 0.99, 0.9, 0.85, 0.8, 0.7)
 
 
 def raw_test_rows(bundle: Any, info: Any, n: int) -> tuple[np.ndarray, np.ndarray]:

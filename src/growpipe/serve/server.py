@@ -66,12 +66,11 @@ def run(source: Source, options: ServeOptions, *, follow_run: bool, address: str
                 time.sleep(0.5)
         return 0
     finally:
+        import ray
         from ray import serve
 
-        if owns:  # Serve goes with the embedded Ray
-            import ray
-
-            ray.shutdown()
-        else:  # the cluster stays; this command's application goes (asked now, not waited for: a stopped job
-            with contextlib.suppress(Exception):  # has seconds before it is killed)
+        if joining:  # the cluster stays; this command's application goes (asked, not waited for: a stopped
+            with contextlib.suppress(Exception):  # job has seconds before it is killed)
                 serve.delete(APP, _blocking=False)
+        if owns:  # an embedded Ray takes Serve with it; a joined one is only disconnected from
+            ray.shutdown()
