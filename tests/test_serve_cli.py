@@ -71,3 +71,10 @@ def test_the_follower_serves_the_newest_whole_checkpoint_and_never_goes_back():
     assert next_checkpoint(done, "ck2", {"ck3"}) is None, "the newest was refused: keep ck2, never try ck3 again"
     assert next_checkpoint(["ck1", "ck2", "ck3", "ck4"], "ck2", {"ck3"}) == "ck4", "a newer one is tried"
     assert next_checkpoint([], None, set()) is None
+
+
+def test_a_model_in_a_store_that_is_not_there_is_named_and_no_store_is_created(tmp_path, capsys):
+    missing = tmp_path / "nowhere" / "mlflow.db"
+    code = main(["serve", "--model", "models:/m/1", "--tracking-uri", f"sqlite:///{missing}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and f"--tracking-uri: no MLflow store at {missing}" in err and not missing.parent.exists()
