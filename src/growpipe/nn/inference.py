@@ -88,6 +88,27 @@ class EarlyExit:
         return Exited.cat(self.parts)
 
 
+def early_exit_through(blocks: Sequence[Any], p: Packet, rows: torch.Tensor, exits: EarlyExit,
+                       below: Sequence[Decode] = ()) -> Packet | None:  # fmt: skip
+    """Real early exit through consecutive `blocks`: each exit's confident rows of `p` (split rows `rows`) are
+    recorded in `exits`; returns the undecided rest with its rows (None: every row left). `below` are the
+    decoders of the blocks under the first one, the nearest first (AL's exits decode through them)."""
+    below = list(below)
+    for block in blocks:
+        p = block.forward(p)
+        probs = exit_probs(block, p, below)
+        if block.decoder() is not None:
+            below = [block.decode, *below]
+        if probs is None:
+            continue
+        rest = exits.take(block.index + 1, probs, p, rows)
+        if rest is None:
+            return None
+        p, rows = rest, rest.rows  # type: ignore[assignment]
+    p.rows = rows
+    return p
+
+
 @dataclass
 class ExitPredictions:
     """Softmax probabilities at every exit depth for a whole split, and the true labels."""

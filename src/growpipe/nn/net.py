@@ -11,7 +11,7 @@ from growpipe.errors import ShapeError
 from growpipe.nn.backbones import FEATURE_FAMILIES, growth_encoder, output_shape, plan_encoders
 from growpipe.nn.block import Block
 from growpipe.nn.guard import SKIPPED
-from growpipe.nn.inference import Decode, EarlyExit, Exited, exit_costs, exit_probs
+from growpipe.nn.inference import Decode, EarlyExit, Exited, early_exit_through, exit_costs
 from growpipe.nn.methods import RULES, build_block
 from growpipe.nn.methods.bp import train_chain
 from growpipe.nn.packet import Packet
@@ -173,15 +173,7 @@ class GrowableNet:
         p = p.to(self.device)
         rows = p.rows if p.rows is not None else torch.arange(p.batch_size)
         exits = EarlyExit(threshold, kind, self.exit_depths()[-1])
-        for b in self.blocks:
-            p = b.forward(p)
-            probs = exit_probs(b, p, self.decoders_below(b.index))
-            if probs is None:
-                continue
-            rest = exits.take(b.index + 1, probs, p, rows)
-            if rest is None:
-                break
-            p, rows = rest, rest.rows  # type: ignore[assignment]
+        early_exit_through(self.blocks, p, rows, exits)
         return exits.result()
 
     @torch.no_grad()

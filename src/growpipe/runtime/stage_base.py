@@ -18,7 +18,7 @@ from growpipe.data import DataBundle, load_data
 from growpipe.device import resolve_device, set_cpu_threads
 from growpipe.errors import DataNotFoundError, StageError
 from growpipe.nn.block import Block
-from growpipe.nn.inference import EarlyExit, exit_probs
+from growpipe.nn.inference import EarlyExit, early_exit_through, exit_probs
 from growpipe.nn.methods import build_block
 from growpipe.nn.packet import Packet
 from growpipe.nn.specs import BlockSpec, InputInfo
@@ -173,25 +173,23 @@ class StageBase:
             open(die[1], "w").close()
             os._exit(1)  # a stage lost during the evaluation (tests)
         p, rows = p.to(self.device), p.rows
-        below = list(self.below)
-        for block in self._blocks():
-            p = block.forward(p)
-            probs = exit_probs(block, p, below)
-            if block.decoder() is not None:
-                below = [block.decode, *below]
-            if probs is None:
-                continue
-            depth = block.index + 1
-            if threshold == ALL_EXITS:
-                self._eval.setdefault(depth, {})[p.index] = probs.cpu()
-                continue
+        if threshold != ALL_EXITS:
             if self._early is None:
                 self._early = EarlyExit(threshold, self.cfg.eval.confidence, last)
-            rest = self._early.take(depth, probs, p, rows)
+            rest = early_exit_through(self._blocks(), p, rows, self._early, self.below)
             if rest is None:
                 return None
-            p, rows = rest, rest.rows
-        p.rows = rows
+            p = rest
+        else:
+            below = list(self.below)
+            for block in self._blocks():
+                p = block.forward(p)
+                probs = exit_probs(block, p, below)
+                if block.decoder() is not None:
+                    below = [block.decode, *below]
+                if probs is not None:
+                    self._eval.setdefault(block.index + 1, {})[p.index] = probs.cpu()
+            p.rows = rows
         p = p.to("cpu")
         self._eval_sent += p.nbytes
         return p

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from growpipe.nn.inference import EarlyExit, Exited, exit_probs
+from growpipe.nn.inference import EarlyExit, Exited, early_exit_through
 from growpipe.nn.packet import Packet
 from growpipe.serve.predictor import NetVersion
 
@@ -67,18 +67,5 @@ class BlockGroupNet:
         """Early exit over this group's blocks: the rows that left here, and the undecided rest (None: none)."""
         exits = EarlyExit(threshold, kind, self.last_depth)
         rows = p.rows if p.rows is not None else torch.arange(p.batch_size)
-        rest: Packet | None = p
-        for k, block in enumerate(self.blocks):
-            assert rest is not None
-            rest = block.forward(rest)
-            decoders = [b.decode for b in reversed(self.blocks[:k])] + [d.forward for d in self.below]
-            probs = exit_probs(block, rest, decoders)
-            if probs is None:
-                continue
-            rest = exits.take(block.index + 1, probs, rest, rows)
-            if rest is None:
-                break
-            rows = rest.rows  # type: ignore[assignment]
-        if rest is not None:
-            rest.rows = rows
+        rest = early_exit_through(self.blocks, p, rows, exits, self.below)
         return exits.result(), rest
