@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from growpipe.errors import ConfigError
+from growpipe.errors import ConfigError, PipelineError
 from growpipe.serve.app import INGRESS, group_name
 from growpipe.serve.follow import next_checkpoint
 from growpipe.serve.source import Source
@@ -22,7 +22,7 @@ from growpipe.serve.source import Source
 APP = "growpipe"
 
 
-class DeployFailed(RuntimeError):
+class DeployFailed(PipelineError):
     """Serve could not bring the application up (a replica failed to load its first net)."""
 
 
@@ -119,7 +119,10 @@ def wait_until_serving(source: str, timeout_s: float = 300.0, poll_s: float = 0.
             if status["source"] == source or source in status["refused"]:
                 return status
         if time.monotonic() > deadline:
-            raise TimeoutError(f"serve: {source} not served after {timeout_s:.0f} s")
+            state = app.status if app is not None else "not deployed"
+            raise PipelineError(f"serve: no replica served {source} within {timeout_s:.0f} s (the application is "
+                                f"{state}: replicas waiting for CPUs, or a slow load; compare --cpus x --replicas "
+                                "with the cluster's free CPUs)")  # fmt: skip
         time.sleep(poll_s)
 
 
