@@ -197,3 +197,16 @@ def test_a_registered_mlflow_model_is_served_by_its_version_as_its_checkpoint_is
     code, answer = post(f"http://127.0.0.1:{served.port}/predict", json.dumps({"inputs": raw_rows.tolist()}).encode())
     assert code == 200
     assert (answer["prediction"], answer["exit_depth"]) == (expected["prediction"], expected["exit_depth"])
+
+
+def test_replicas_that_cannot_be_placed_are_one_line_naming_what_to_compare(served, tmp_path):
+    from dataclasses import replace
+
+    from growpipe.errors import PipelineError
+
+    cfg = tiny_config(method="dascpl", name="unplaced")
+    run = train_local(cfg, progress=None)
+    ck = save_net(tmp_path / "ck", run.net, cfg, run.result)
+    too_big = replace(served, cpus_per_replica=64.0)  # more than the session's Ray has
+    with pytest.raises(PipelineError, match=r"no replica served .* compare --cpus x --replicas"):
+        start(resolve(None, str(ck), None, str(tmp_path), None), too_big, timeout_s=10)

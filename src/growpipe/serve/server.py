@@ -23,14 +23,14 @@ from growpipe.serve.deploy import (
 from growpipe.serve.source import Source, newest_whole
 
 
-def start(source: Source, options: ServeOptions, attempts: int = 3) -> dict[str, Any]:
+def start(source: Source, options: ServeOptions, attempts: int = 3, timeout_s: float = 300.0) -> dict[str, Any]:
     """Deploy the application on the connected Ray and wait until it answers; the served version. A run's
     checkpoint can be pruned by the run before the first replica has loaded it: then its newest whole one is
     deployed instead (up to `attempts` times)."""
     for attempt in range(attempts):
         deploy(serve_config(source, options))
         try:
-            return wait_until_serving(source.ref)
+            return wait_until_serving(source.ref, timeout_s)
         except DeployFailed:
             if source.run_store is None or attempt == attempts - 1:
                 raise
