@@ -215,19 +215,35 @@ class CheckpointStore:
 
     def load_blocks(self, ckpt_dir: str, shards: list[dict[str, Any]], indices: list[int]) -> list[dict[str, Any]]:
         """The states of blocks `indices` (each shard read and hash-checked once)."""
-        read: dict[str, dict[str, dict[str, Any]]] = {}
-        out = []
-        for index in indices:
-            entry = shard_of(shards, index, ckpt_dir)
-            if entry["file"] not in read:
-                try:
-                    with self.fs.open_input_stream(f"{ckpt_dir}/{entry['file']}") as f:
-                        data = f.read()
-                except OSError:
-                    raise CheckpointError(f"checkpoint {ckpt_dir}: {entry['file']} is missing") from None
-                read[entry["file"]] = decode_shard(data, entry, ckpt_dir)
-            out.append(read[entry["file"]][str(index)])
-        return out
+        return load_states(self.fs, ckpt_dir, shards, indices)
+
+
+def load_states(filesystem: Any, ckpt_dir: str, shards: list[dict[str, Any]], indices: list[int]) -> list[dict]:
+    """The states of blocks `indices` from checkpoint directory `ckpt_dir` on a pyarrow `filesystem`, each
+    shard read and checked against its manifest entry's SHA-256 once."""
+    read: dict[str, dict[str, dict[str, Any]]] = {}
+    out = []
+    for index in indices:
+        entry = shard_of(shards, index, ckpt_dir)
+        if entry["file"] not in read:
+            try:
+                with filesystem.open_input_stream(f"{ckpt_dir}/{entry['file']}") as f:
+                    data = f.read()
+            except OSError:
+                raise CheckpointError(f"checkpoint {ckpt_dir}: {entry['file']} is missing") from None
+            read[entry["file"]] = decode_shard(data, entry, ckpt_dir)
+        out.append(read[entry["file"]][str(index)])
+    return out
+
+
+def copy_shards(src_fs: Any, src_dir: str, shards: list[dict[str, Any]], dst_fs: Any, dst_dir: str) -> None:
+    """Copy the shard files of `shards` from one checkpoint directory to another, byte for byte (their
+    manifest entries stay valid)."""
+    dst_fs.create_dir(dst_dir, recursive=True)
+    for entry in shards:
+        with src_fs.open_input_stream(f"{src_dir}/{entry['file']}") as src, \
+                dst_fs.open_output_stream(f"{dst_dir}/{entry['file']}") as dst:  # fmt: skip
+            dst.write(src.read())
 
 
 def run_folder_problem(store: CheckpointStore, fresh: bool, overwrite: bool) -> str | None:

@@ -101,3 +101,19 @@ def step_delay_s() -> float:
         return max(0.0, float(raw)) / 1000.0 if raw else 0.0
     except ValueError:
         raise ValueError(f"{GROWPIPE_STEP_DELAY_MS}={raw!r}: expected milliseconds, e.g. 50") from None
+
+
+GROWPIPE_DIE_AT = "GROWPIPE_DIE_AT"
+"""Fault injection for tests: "RANK:STEP:PATH" makes DDP worker RANK's process exit at its STEP-th training
+step (1-based) unless the file PATH exists (it is created first: the worker dies once)."""
+
+
+def die_at() -> tuple[int, int, str] | None:
+    """(rank, step, marker file) from GROWPIPE_DIE_AT, or None."""
+    raw = os.environ.get(GROWPIPE_DIE_AT)
+    if not raw:
+        return None
+    rank, step, path = (raw.split(":", 2) + ["", ""])[:3]
+    if not (rank.isdigit() and step.isdigit() and path):
+        raise ValueError(f"{GROWPIPE_DIE_AT}={raw!r}: expected RANK:STEP:PATH, e.g. 1:3:/tmp/died")
+    return int(rank), int(step), path

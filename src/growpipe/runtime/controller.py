@@ -65,6 +65,11 @@ class Controller:
         """Append a block to this running job (see RunLoop.grow)."""
         return self.loop.grow(request)
 
+    def rendezvous(self, report: dict[str, Any] | None) -> dict[str, Any]:
+        """From rank 0 of the DDP engine's Ray Train workers: hand in the report of the order they finished
+        and wait for the next (growpipe.runtime.mailbox)."""
+        return self.loop.engine.mailbox.serve(report)  # type: ignore[attr-defined]
+
     def _say(self, line: str) -> None:
         with self._lock:
             self._lines.append(line)
@@ -112,7 +117,7 @@ def launch_controller(cfg: RunConfig, run_name: str, reserved: tuple[Any, int] |
             name=run_name,
             namespace=NAMESPACE,
             num_cpus=0,
-            max_concurrency=16,  # run() + progress polls + grow() calls waiting for their turn
+            max_concurrency=16,  # run() + progress + grow() calls waiting for their turn + a DDP rendezvous
             runtime_env={"env_vars": envvars.forwarded()},
             scheduling_strategy=here,
         )

@@ -1,207 +1,32 @@
-"""Data-parallel BP through Ray Train as an Engine (method bp, runtime.bp_schedule: ddp): the baseline the
-pipelines are measured against. The same blocks as one network, replicated on `runtime.ddp_workers` Ray
-Train workers (TorchTrainer; DDP over gloo on CPUs, NCCL on GPUs); each global mini-batch of
-data.batch_size is split evenly across the workers and DDP averages their gradients.
+"""Data-parallel BP on Ray Train as an Engine (method bp, runtime.bp_schedule: ddp), the baseline: the blocks
+as one network on `runtime.ddp_workers` Ray Train workers (TorchTrainer; DDP over gloo on CPUs, NCCL on GPUs),
+each taking an even share of every global mini-batch (growpipe.runtime.ddp_worker).
 
-Every step goes through the divergence guard (growpipe.nn.guard), which judges the gradients DDP averaged
-(the same on every worker; a worker's own loss may differ), so the workers skip (or stop on) the same
-mini-batches and stay replicas.
+Ray Train keeps the books: every order that changes the weights ends in `ray.train.report(metrics,
+checkpoint=...)` with growpipe's shard format inside the Ray Train checkpoint, stored under the run's
+checkpoint.uri (RunConfig(storage_path=...), folder RUN.ray-train); a worker that dies is replaced by Ray
+Train (FailureConfig(max_failures=runtime.max_stage_restarts)) and its group goes on from that checkpoint.
+The loop's own restore points are copies of those shards. Growth is the loop's decision, executed by starting
+a new trainer from the newest checkpoint with the grown net.
 
-The loop drives the workers through one command queue each (ray.util.queue): open the data, build, train
-an epoch (or up to a batch), grow, evaluate, save, restore, stop. TorchTrainer.fit() runs in a thread of
-the engine's process for as long as the run lasts; rank 0 answers for the replicas.
+The loop's calls become orders through a Mailbox (growpipe.runtime.mailbox): one in flight, its report
+pushed back by rank 0 through the run's controller actor. DDP pauses only between epochs.
 """
 
 from __future__ import annotations
 
-import queue
-import tempfile
 import threading
-import time
 from typing import Any
 
-import torch
-import torch.nn.functional as F
-from torch import nn
-
-from growpipe.config import RunConfig, build_config
-from growpipe.errors import NonFiniteError, PipelineError
+from growpipe.config import RunConfig
+from growpipe.errors import PipelineError
 from growpipe.loop.engine import EpochPart, Poll, Prepared, WorkerLost
 from growpipe.loop.stats import StageStats
-from growpipe.nn.guard import SKIPPED, guarded_update
 from growpipe.nn.net import GrowableNet
 from growpipe.nn.specs import BlockSpec, InputInfo
+from growpipe.runtime.mailbox import Mailbox, TrainerEnded
 
-REPLY_POLL_S = 1.0
-
-
-class Chain(nn.Module):
-    """Every block's encoder in order, then the last block's classifier: one module for DDP. Frozen blocks
-    (the net grew on top of them) forward without gradients, as in single-process BP."""
-
-    def __init__(self, blocks: list[Any]):
-        super().__init__()
-        self.encoders = nn.ModuleList([b.modules["f"] for b in blocks])
-        self.frozen = [b.frozen for b in blocks]
-        self.head = blocks[-1].modules["cls"]
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, side: dict) -> torch.Tensor:
-        for f, frozen in zip(self.encoders, self.frozen, strict=True):
-            if frozen:
-                with torch.no_grad():
-                    x, mask = f(x, mask, side)
-            else:
-                x, mask = f(x, mask, side)
-            side = {**side, **f.handoff()}  # e.g. an LSTM block's final state for the next (net.lstm_state)
-        return self.head(self.encoders[-1].pool(x, mask))
-
-
-class Replica:
-    """One Ray Train worker's copy of the net and its data; each method is one command of the loop."""
-
-    def __init__(self, cfg: RunConfig, rank: int, world: int):
-        self.cfg, self.rank, self.world = cfg, rank, world
-        torch.set_num_threads(max(1, int(cfg.runtime.cpus_per_stage)))
-        self.blocks: list[Any] = []
-        self.model: Any = None
-        self.bundle: Any = None
-        self.info: InputInfo | None = None
-
-    def open(self) -> tuple[InputInfo, dict[str, Any]]:
-        from growpipe.data import load_data
-
-        self.bundle = load_data(self.cfg.data, self.cfg.seed)
-        self.info = InputInfo.from_bundle(self.bundle, self.cfg.net)
-        return self.info, self.bundle.describe()
-
-    def build(self, topology: list[dict[str, Any]]) -> str:
-        from growpipe.nn.methods import build_block
-
-        assert self.info is not None
-        self.blocks = [build_block(self.cfg.rule(), BlockSpec.from_dict(d), self.info) for d in topology]
-        self._wrap()
-        return type(self.blocks[0]).__name__
-
-    def _wrap(self) -> None:
-        import ray.train.torch
-
-        self.model = ray.train.torch.prepare_model(Chain(self.blocks))  # DDP: rank 0's weights broadcast
-
-    def grow(self, spec: dict[str, Any], freeze: bool) -> None:
-        from growpipe.nn.methods import build_block
-
-        assert self.info is not None
-        block = build_block(self.cfg.rule(), BlockSpec.from_dict(spec), self.info)  # seeded: equal everywhere
-        if freeze:
-            for b in self.blocks:
-                b.freeze()
-        self.blocks.append(block)
-        self._wrap()
-
-    def epoch(self, epoch: int, start: int, stop_at: int | None) -> dict[str, Any]:
-        from growpipe.data.bundle import batch_order
-
-        device = next(self.model.parameters()).device
-        split, bs = self.bundle.train, self.cfg.data.batch_size
-        self.model.train()
-        for b in self.blocks:
-            if b.frozen:
-                b.modules.eval()
-        trainable = [b for b in self.blocks if not b.frozen]
-        last = self.blocks[-1]
-        loss_sum, batches, skipped, samples, t0, paused_at = 0.0, 0, 0, 0, time.perf_counter(), None
-        for index, idx in batch_order(len(split), bs, shuffle=True, seed=self.cfg.seed, epoch=epoch,
-                                      start_batch=start):  # fmt: skip
-            if stop_at is not None and index >= stop_at:
-                paused_at = index
-                break
-            mine = idx[self.rank :: self.world]  # this worker's shard of the global mini-batch
-            x, y = split.batch(mine, epoch)
-            with last.computing():
-                loss = F.cross_entropy(self.model(x.to(device), None, {}), y.to(device))
-            try:  # the backward inside: DDP averages the gradients of all workers there
-                optimizers = [b.optimizers["all"] for b in trainable]
-                metrics = guarded_update({"ce": loss}, optimizers, last.on_nonfinite, replicated=True)
-            except NonFiniteError as e:
-                raise e.located(
-                    f"DDP worker {self.rank} (block {last.index}, {type(last).__name__})", batch=index
-                ) from None
-            for b in trainable:
-                b.steps += 1
-            if SKIPPED in metrics:
-                skipped += 1
-            else:
-                loss_sum += metrics["ce"]
-            batches += 1
-            samples += len(idx)
-        return {"loss": {f"b{last.index}.ce": loss_sum}, "loss_batches": batches - skipped, "batches": batches,
-                "skipped": {f"b{b.index}": skipped for b in trainable} if skipped else {}, "samples": samples,
-                "busy_s": time.perf_counter() - t0, "paused_at": paused_at}  # fmt: skip
-
-    def net(self) -> GrowableNet:
-        assert self.info is not None
-        net = GrowableNet(self.cfg.rule(), self.info)
-        for b in self.blocks:
-            net.append(b)
-        return net
-
-    def evaluate(self) -> dict[str, Any] | None:
-        from growpipe.evaluation import evaluate_net
-
-        return evaluate_net(self.net(), self.bundle, self.cfg.eval) if self.rank == 0 else None
-
-    def measure_early_exit(self, threshold: float) -> dict[str, Any] | None:
-        from growpipe.evaluation import measure_early_exit
-
-        return measure_early_exit(self.net(), self.bundle, self.cfg.eval, threshold) if self.rank == 0 else None
-
-    def checksums(self) -> dict[int, str]:
-        return {b.index: b.checksum() for b in self.blocks}
-
-    def states(self) -> list[dict[str, Any]] | None:
-        from growpipe.runtime.stage_base import cpu_copy
-
-        return [cpu_copy(b.state_dict()) for b in self.blocks] if self.rank == 0 else None
-
-    def save(self, ckpt_dir: str) -> list[dict[str, Any]] | None:
-        from growpipe.checkpoint import block_file
-        from growpipe.prepare import checkpoint_store
-
-        if self.rank:
-            return None
-        store = checkpoint_store(self.cfg)
-        assert store is not None
-        return [store.write_shard(ckpt_dir, {i: s}, block_file(i)) for i, s in enumerate(self.states() or [])]
-
-    def restore(self, ckpt_dir: str, shards: list[dict[str, Any]]) -> None:
-        from growpipe.checkpoint import CheckpointStore
-
-        store = CheckpointStore(self.cfg.checkpoint.uri, self.cfg.name)
-        for b, state in zip(self.blocks, store.load_blocks(ckpt_dir, shards, [b.index for b in self.blocks]),
-                            strict=True):  # fmt: skip
-            b.load_state_dict(state)
-        self._wrap()
-
-
-def _worker_loop(config: dict[str, Any]) -> None:
-    """Runs on every Ray Train worker: answer the engine's commands until it says stop."""
-    import ray.train
-
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    commands, replies = config["commands"][rank], config["replies"]
-    replica = Replica(build_config(config["cfg"], "ddp worker config"), rank, world)
-    while True:
-        op, args = commands.get()
-        if op == "stop":
-            replies.put((rank, "ok", None))
-            return
-        try:
-            replies.put((rank, "ok", getattr(replica, op)(*args)))
-        except NonFiniteError as e:  # the error itself: the loop adds the epoch to it
-            replies.put((rank, "error", e))
-        except Exception as e:  # reported to the engine, which fails the run with it
-            replies.put((rank, "error", f"DDP worker {rank}: {type(e).__name__}: {e}"))
+END_WAIT_S = 120.0
 
 
 class DDPEngine:
@@ -213,79 +38,113 @@ class DDPEngine:
     net: GrowableNet | None = None
 
     def __init__(self, cfg: RunConfig, run_name: str, reserved: Any = None, say: Any = None):
-        self.cfg = cfg
-        self.run_name = run_name
+        self.cfg, self.run_name = cfg, run_name
         self.workers = cfg.runtime.ddp_workers or cfg.net.blocks
-        self.queues: list[Any] = []
-        self.replies: Any = None
+        self.mailbox = Mailbox()
+        self.layers: list[dict[str, Any]] = []
+        self.frozen = 0  # blocks frozen by growth (a block's state carries its own flag too)
+        self.start: dict[str, Any] | None = None  # the checkpoint the weights are in: {fs, path, shards}
+        self.version: int | str = ""  # names the state the next order runs on; workers not at it load `start` first
+        self.current = False  # `start` holds every block as it is now
+        self.sums: dict[int, str] = {}
         self.thread: threading.Thread | None = None
-        self.failure: BaseException | None = None
-        self.specs: list[BlockSpec] = []
-        self._storage = tempfile.TemporaryDirectory(prefix="growpipe-ddp-")
-        self._starts = 0
+        self.trainers = self.changes = 0
 
-    def open(self, layout: dict[str, Any] | None = None) -> tuple[InputInfo, dict[str, Any]]:
-        self._start_trainer()
-        return self._ask("open")
-
-    def _start_trainer(self) -> None:
+    # ---- the trainer ----------------------------------------------------------------------------------
+    def _start(self) -> None:
+        """A new trainer: its workers load the data and wait for orders."""
         import ray
+        from ray.train import CheckpointConfig, FailureConfig, ScalingConfig
         from ray.train import RunConfig as TrainRunConfig
-        from ray.train import ScalingConfig
         from ray.train.torch import TorchTrainer
-        from ray.util.queue import Queue
 
-        self.queues = [Queue(actor_options={"num_cpus": 0}) for _ in range(self.workers)]
-        self.replies = Queue(actor_options={"num_cpus": 0})
-        gpus = ray.cluster_resources().get("GPU", 0) > 0 and self.cfg.runtime.gpus_per_stage != 0
+        from growpipe.runtime.ddp_worker import worker_loop
+
+        self._end()
+        self.trainers += 1
+        rt = self.cfg.runtime
+        gpus = ray.cluster_resources().get("GPU", 0) > 0 and rt.gpus_per_stage != 0
         trainer = TorchTrainer(
-            _worker_loop,
-            train_loop_config={"cfg": self.cfg.model_dump(mode="json"), "commands": self.queues,
-                               "replies": self.replies},
+            worker_loop,
+            train_loop_config={"cfg": self.cfg.model_dump(mode="json"), "run": self.run_name},
             scaling_config=ScalingConfig(num_workers=self.workers, use_gpu=gpus,
-                                         resources_per_worker={"CPU": self.cfg.runtime.cpus_per_stage}),
-            run_config=TrainRunConfig(storage_path=self._storage.name, name=f"{self.run_name}-{self._starts}"),
+                                         resources_per_worker={"CPU": rt.cpus_per_stage}),
+            run_config=TrainRunConfig(storage_path=self.cfg.checkpoint.uri, name=self._train_folder(),
+                                      failure_config=FailureConfig(max_failures=rt.max_stage_restarts),
+                                      checkpoint_config=CheckpointConfig(num_to_keep=2)),
         )  # fmt: skip
-        self.failure = None
-        self._starts += 1
+        self.mailbox.reopen()
 
         def fit() -> None:
+            why = "the trainer finished"
             try:
                 trainer.fit()
-            except BaseException as e:  # the loop learns of it at its next command
-                self.failure = e
+            except BaseException as e:  # Ray Train gave up (more failures than max_failures), or a stop
+                why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            finally:
+                self.mailbox.ended(why)
 
         self.thread = threading.Thread(target=fit, name="growpipe-ddp-fit", daemon=True)
         self.thread.start()
 
-    def _ask(self, op: str, *args: Any) -> Any:
-        """Send a command to every worker and wait for all answers; rank 0's is returned."""
-        for q in self.queues:
-            q.put((op, args))
-        answers: dict[int, Any] = {}
-        while len(answers) < self.workers:
-            try:
-                rank, status, payload = self.replies.get(timeout=REPLY_POLL_S)
-            except queue.Empty:
-                if self.thread is None or not self.thread.is_alive():
-                    why = str(self.failure).splitlines()[0] if self.failure else "the trainer ended"
-                    raise WorkerLost(f"a DDP worker died ({why})") from None
-                continue
-            except Exception as e:  # the queue actor itself is gone
-                raise WorkerLost(f"the DDP command queue is gone ({type(e).__name__})") from None
-            if status == "error":
-                raise payload if isinstance(payload, NonFiniteError) else PipelineError(payload)
-            answers[rank] = payload
-        return answers[0]
+    def _train_folder(self) -> str:
+        return f"{self.run_name}.ray-train"
+
+    def _ask(self, op: str, **args: Any) -> dict[str, Any]:
+        """Post an order on the current state and wait for rank 0's report (a checkpoint in it becomes the
+        current state)."""
+        if self.thread is None:
+            raise WorkerLost("the DDP trainer is not running")
+        state = {"version": self.version, "topology": self.layers, "frozen": self.frozen, "start": self.start}
+        try:
+            report = self.mailbox.wait_report(self.mailbox.post({"op": op, "state": state if self.layers else None,
+                                                                 **args}))  # fmt: skip
+        except TrainerEnded as e:
+            raise WorkerLost(f"the DDP trainer ended ({e})") from None
+        if "error" in report:
+            error = report["error"]
+            raise error if isinstance(error, BaseException) else PipelineError(str(error))
+        if "path" in report:
+            self.start = {"fs": report["fs"], "path": report["path"], "shards": report["shards"]}
+            self.version = report["seq"]  # what the workers that wrote it are at
+            self.sums = {int(k): v for k, v in report["checksums"].items()}
+            self.current = True
+        return report
+
+    def _changed(self, why: str) -> None:
+        """The net changed here (`why`), not on the workers: the next order makes them rebuild it."""
+        self.changes += 1
+        self.version = f"{why}-{self.changes}"
+        self.current = False
+
+    def _current(self) -> dict[str, Any]:
+        """The checkpoint holding every block as it is now (asked for when a growth added one since)."""
+        if not self.current:
+            self._ask("checkpoint")
+        assert self.start is not None
+        return self.start
+
+    def _end(self) -> None:
+        if self.thread is not None and self.thread.is_alive():
+            self.mailbox.post({"op": "end"})
+            self.thread.join(timeout=END_WAIT_S)
+        self.thread = None
+
+    # ---- the Engine protocol --------------------------------------------------------------------------
+    def open(self, layout: dict[str, Any] | None = None) -> tuple[InputInfo, dict[str, Any]]:
+        self._start()
+        r = self._ask("describe")
+        return InputInfo.from_dict(r["info"]), r["data"]
 
     def build(self, specs: list[BlockSpec], layout: dict[str, Any] | None) -> str:
-        self.specs = list(specs)
-        self._ask("build", [s.to_dict() for s in specs])
+        self.layers, self.frozen, self.start = [s.to_dict() for s in specs], 0, None
+        self._changed("build")
+        self._current()  # the fresh weights, as a checkpoint
         return (f"bp (data-parallel, Ray Train) on {self.cfg.net.backbone}: {self.workers} DDP workers, "
                 f"global batch {self.cfg.data.batch_size}")  # fmt: skip
 
     def run_epoch(self, epoch: int, start_batch: int, stop_at: int | None, poll: Poll) -> EpochPart:
-        r = self._ask("epoch", epoch, start_batch, stop_at)
+        r = self._ask("train", epoch=epoch, start=start_batch, stop_at=stop_at)
         counted = r["loss_batches"]  # the batches not skipped
         stats = StageStats(0, "DDP", samples=r["samples"], batches=r["batches"], busy_s=r["busy_s"],
                            skipped=r["skipped"], loss_sums=r["loss"] if counted else {},
@@ -293,11 +152,15 @@ class DDPEngine:
         return EpochPart([stats], r["samples"], r["paused_at"])
 
     def prepare_block(self, spec: BlockSpec) -> Prepared:
-        return Prepared(spec, f"on {self.workers} DDP workers", cacheable=False)  # built by every worker at attach
+        return Prepared(spec, f"on {self.workers} DDP workers", cacheable=False)  # built when the trainer restarts
 
     def attach_block(self, block: Prepared, freeze: bool) -> None:
-        self._ask("grow", block.spec.to_dict(), freeze)
-        self.specs.append(block.spec)
+        """A new trainer from the newest checkpoint, with the grown net (the new block freshly built)."""
+        self._current()
+        self.frozen = len(self.layers) if freeze else self.frozen
+        self.layers = [*self.layers, block.spec.to_dict()]
+        self._changed("grow")
+        self._start()
 
     def discard_block(self, block: Prepared) -> None:
         """Nothing was placed."""
@@ -306,44 +169,54 @@ class DDPEngine:
         return None
 
     def evaluate(self) -> dict[str, Any]:
-        return self._ask("evaluate")
+        return self._ask("evaluate")["eval"]
 
     def measure_early_exit(self, threshold: float) -> dict[str, Any]:
-        return self._ask("measure_early_exit", threshold)
+        return self._ask("early_exit", threshold=threshold)["early_exit"]
 
     def checksums(self) -> dict[int, str]:
-        return self._ask("checksums")
+        self._current()
+        return dict(self.sums)
 
     def save(self, ckpt_dir: str) -> list[dict[str, Any]]:
-        return self._ask("save", ckpt_dir)
+        """The newest Ray Train checkpoint's shards, copied into the loop's checkpoint `ckpt_dir`."""
+        from growpipe.checkpoint import copy_shards
+
+        state = self._current()
+        copy_shards(state["fs"], state["path"], state["shards"], self._store().fs, ckpt_dir)
+        return list(state["shards"])
+
+    def _store(self) -> Any:
+        from growpipe.checkpoint import CheckpointStore
+
+        return CheckpointStore(self.cfg.checkpoint.uri, self.run_name)
 
     def layout(self) -> dict[str, Any]:
         return {}
 
     def restore(self, ckpt_dir: str, shards: list[dict[str, Any]]) -> None:
-        self._ask("restore", ckpt_dir, shards)
+        self.frozen = 0  # the restored states carry their frozen flags
+        self.start = {"fs": self._store().fs, "path": ckpt_dir, "shards": shards}
+        self._changed("restore")
+        self.current = True
 
     def recover(self, specs: list[BlockSpec], layout: dict[str, Any] | None) -> str:
-        self.stop()
+        self._end()
         self.open(layout)
         return self.build(specs, layout)
 
     def final_states(self) -> list[dict[str, Any]]:
-        return self._ask("states")
+        from growpipe.checkpoint import load_states
+
+        state = self._current()
+        return load_states(state["fs"], state["path"], state["shards"], [t["index"] for t in self.layers])
 
     def position(self) -> tuple[int, int] | None:
         return None
 
     def extras(self) -> dict[str, Any]:
-        return {"schedule": "data-parallel (Ray Train DDP)", "workers": self.workers}
+        return {"schedule": "data-parallel (Ray Train DDP)", "workers": self.workers, "trainers": self.trainers,
+                "ray_train_storage": f"{self.cfg.checkpoint.uri}/{self._train_folder()}"}  # fmt: skip
 
     def stop(self) -> None:
-        if self.thread is not None and self.thread.is_alive():
-            for q in self.queues:
-                q.put(("stop", ()))
-            self.thread.join(timeout=60)
-        self.thread = None
-        for q in [*self.queues, self.replies]:
-            if q is not None:
-                q.shutdown()
-        self.queues, self.replies = [], None
+        self._end()

@@ -1,0 +1,50 @@
+"""Method bp on 1F1B and on Ray Train DDP goes through the same run loop as GPipe: a planned growth (the earlier
+blocks frozen), restore points, a resume from the one written at the growth, and (DDP) a worker process lost
+mid-epoch that Ray Train replaces from its own checkpoint; each run ends with the weights of an undisturbed
+one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from growpipe.api import train
+from growpipe.checkpoint import CheckpointStore
+from tests.conftest import tiny_config
+from tests.test_runtime import _assert_same_weights
+
+
+def _base(name: str, schedule: str) -> dict:
+    return {"name": name, "method": "bp", "threads": 1, "net": {"blocks": 2, "width": 32}, "train": {"epochs": 1},
+            "data": {"limit_train": 256, "batch_size": 64},
+            "runtime": {"bp_schedule": schedule, "micro_batches": 2, "ddp_workers": 2, "timeline_epoch": 0},
+            "grow": {"schedule": [{"kind": "layer", "epochs": 1}]}}  # fmt: skip
+
+
+@pytest.mark.usefixtures("ray_session")
+@pytest.mark.parametrize("schedule", ["1f1b", "ddp"])
+def test_bp_engine_grows_recovers_and_resumes_to_the_same_weights(tmp_path: Path, monkeypatch, schedule: str):
+    name = f"bp-{schedule}"
+    ckpt = {"enabled": True, "uri": str(tmp_path), "keep": 5}
+    died = tmp_path / "died"
+    if schedule == "ddp":  # worker 1 process ends at its 2nd step, mid-epoch 1
+        monkeypatch.setenv("GROWPIPE_DIE_AT", f"1:2:{died}")
+    lines: list[str] = []
+    grown = train(tiny_config(**_base(name, schedule), checkpoint=ckpt), progress=lines.append, keep_net=True)
+    r = grown.result
+    assert r["blocks"] == 3 and r["growth"][0]["blocks"] == 3 and r["frozen_unchanged"] is True
+    assert [h["epoch"] for h in r["history"]] == [1, 2]
+    if schedule == "ddp":
+        assert died.exists() and r["runtime"] == "ray-train-ddp" and r["trainers"] == 2, "\n".join(lines)
+        assert Path(r["ray_train_storage"]).is_dir()  # Ray Train's own checkpoints, beside the run's
+    at_growth = next(c for c in CheckpointStore(str(tmp_path), name).complete() if c.seq == 2)
+    assert (at_growth.epoch, at_growth.batch) == (1, 0)
+    monkeypatch.delenv("GROWPIPE_DIE_AT", raising=False)
+    lines.clear()
+    resumed = train(tiny_config(**_base(name, schedule), checkpoint=ckpt), progress=lines.append, keep_net=True,
+                    resume=at_growth.path)  # fmt: skip
+    assert any(line.startswith(f"resume {at_growth.path}: epoch 1, batch 0, 3 blocks") for line in lines), lines
+    assert [h["epoch"] for h in resumed.result["history"]] == [1, 2]
+    assert resumed.result["history"][1]["loss"] == pytest.approx(r["history"][1]["loss"], abs=1e-6)
+    _assert_same_weights(grown.net, resumed.net, atol=1e-6)
