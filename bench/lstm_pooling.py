@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO / "src"))
 from compare import SUITES  # noqa: E402
 
 from growpipe.config import load_config  # noqa: E402
-from growpipe.data.bundle import iterate_batches  # noqa: E402
+from growpipe.data.batches import iterate_batches  # noqa: E402
 from growpipe.fsutil import atomic_write_json  # noqa: E402
 from growpipe.local import train_local  # noqa: E402
 

@@ -81,7 +81,7 @@ def _worker(rank: int, cfg_json: dict, stages: int, micro: int, port: int, out_d
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
-    from growpipe.data.bundle import iterate_batches
+    from growpipe.data.batches import iterate_batches
 
     cfg = build_config(cfg_json, "torch GPipe peer config")
     device = stage_device(cfg, rank)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from growpipe.api import train
+from growpipe.data.batches import micro_slices
 from growpipe.errors import ConfigError
 from growpipe.local import train_local
-from growpipe.runtime.bp_stage import micro_slices
 from growpipe.runtime.gpipe import check_bp
 from tests.conftest import tiny_config
 from tests.test_runtime import _assert_same_weights

@@ -183,9 +183,10 @@ def test_a_diverging_run_exits_1_with_one_line_keeps_its_finite_checkpoints_and_
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_pipelined_bp_skips_a_non_finite_mini_batch_on_every_stage_or_stops_on_it(schedule):
     """The stage classes in this process, driven in each schedule's order: the last stage decides."""
+    from growpipe.data.batches import micro_slices
     from growpipe.nn.net import plan_blocks
     from growpipe.runtime.async_bp import AsyncBPStage
-    from growpipe.runtime.bp_stage import BPStage, micro_slices
+    from growpipe.runtime.bp_stage import BPStage
 
     cfg = tiny_config(method="bp", threads=1, train={"on_nonfinite": "skip_batch"},
                       runtime={"bp_schedule": schedule, "micro_batches": 2})  # fmt: skip

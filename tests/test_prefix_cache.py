@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from growpipe.data.bundle import Split, iterate_batches
+from growpipe.data.batches import iterate_batches
+from growpipe.data.bundle import Split
 from growpipe.errors import StageError
 from growpipe.nn.packet import Packet
 from growpipe.runtime.prefix_cache import PrefixCache

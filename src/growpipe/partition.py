@@ -159,7 +159,7 @@ def _step(block: Any, p: Packet, cfg: RunConfig) -> list[Packet]:
     if cfg.method != "bp":
         out, _ = block.train_step(p)
         return [out]
-    from growpipe.runtime.bp_stage import micro_slices
+    from growpipe.data.batches import micro_slices
 
     micro = cfg.runtime.micro_batches if cfg.runtime.bp_schedule == "gpipe" else 1
     outs = []

@@ -7,7 +7,8 @@ from functools import partial
 
 from growpipe.config import DataSpec
 from growpipe.data.augment import Augment
-from growpipe.data.bundle import DataBundle, Split, apply_feature_groups, batch_at, hold_out, iterate_batches, limit
+from growpipe.data.batches import iterate_batches
+from growpipe.data.bundle import DataBundle, Split, apply_feature_groups, batch_at, hold_out, limit
 from growpipe.data.moments import normalise
 from growpipe.data.sources import (
     load_cifar,

@@ -1,4 +1,4 @@
-"""In-memory datasets, feature groups and batch iteration.
+"""In-memory datasets, feature groups and the order of an epoch's batches (read by `data.batches`).
 
 A loader returns a DataBundle: train and test splits as tensors, the number of classes, and (after
 `apply_feature_groups`) the main input plus every side feature group that feature blocks may ask for.
@@ -17,7 +17,6 @@ import torch
 from growpipe.config import FeatureGroupsSpec
 from growpipe.data.checks import Origin
 from growpipe.data.moments import unstandardise
-from growpipe.data.stream import prefetch
 from growpipe.data.text import Vocab
 from growpipe.errors import DataError
 from growpipe.nn.packet import Packet
@@ -276,40 +275,6 @@ def batch_order(
     for b, start in enumerate(range(0, n, batch_size)):
         if b >= start_batch:
             yield b, order[start : start + batch_size]
-
-
-def iterate_batches(
-    split: Split,
-    batch_size: int,
-    *,
-    shuffle: bool,
-    seed: int = 0,
-    epoch: int = 0,
-    side_groups: tuple[str, ...] = (),
-    start_batch: int = 0,
-    augment: bool = False,
-) -> Iterator[Packet]:
-    """Packets of `batch_size` samples in `batch_order`, augmented when `augment` and the split has it.
-
-    `start_batch` skips the first batches of that order (an epoch resumed after a mid-epoch growth).
-    """
-    order = batch_order(len(split), batch_size, shuffle=shuffle, seed=seed, epoch=epoch, start_batch=start_batch)
-
-    def packet(job: tuple[int, torch.Tensor]) -> Packet:
-        b, idx = job
-        x, y = split.batch(idx, epoch if augment else None)
-        return Packet(
-            x=x,
-            y=y,
-            side={g_: split.side[g_][idx] for g_ in side_groups},
-            index=b,
-        )
-
-    if not split.streamed:
-        yield from map(packet, order)
-        return
-    workers = split.x.spec.read_workers  # decode the next batches while this one trains
-    yield from prefetch(order, packet, workers, ahead=2 * max(workers, 1))
 
 
 def batch_at(split: Split, batch_size: int, b: int, side_groups: tuple[str, ...] | list[str] = ()) -> Packet:

@@ -91,7 +91,7 @@ class AsyncBPStage(BPStage):
     def forward(self, epoch: int, batch: int, upstream: Packet | None = None) -> Packet | None:  # type: ignore[override]
         block = self._require_block()
         if block.frozen:  # the net grew on top of it: forward only
-            p = self._batch(epoch, batch) if upstream is None else upstream.to(self.device)
+            p = self._input(epoch, batch) if upstream is None else upstream.to(self.device)
             self.saved[batch] = None
             self.stats.samples += len(p.y)
             return block.forward(p)
@@ -102,7 +102,7 @@ class AsyncBPStage(BPStage):
             w = p.detach() - self.ahead * next_step(opt, p) if self.spectrain and self.ahead else p.detach().clone()
             weights[n] = w.requires_grad_(p.requires_grad)  # a frozen embedding (net.freeze_embeddings) stays
         if upstream is None:
-            p = self._batch(epoch, batch)
+            p = self._input(epoch, batch)
             x_in = None
         else:
             p = upstream.to(self.device)
@@ -164,14 +164,8 @@ class AsyncBPStage(BPStage):
         """Mean distance between the weights micro-batches used and the live weights they updated."""
         return self.stale_sum / max(self.stale_n, 1)
 
-    def _batch(self, epoch: int, batch: int) -> Packet:
-        from growpipe.data.bundle import batch_order
-
-        split = self._data().train
-        _, idx = next(batch_order(len(split), self.cfg.data.batch_size, shuffle=True, seed=self.cfg.seed,
-                                  epoch=epoch, start_batch=batch))  # fmt: skip
-        x, y = split.batch(idx, epoch)
-        return Packet(x=x, y=y, side={}, index=batch).to(self.device)
+    def _micro_batches(self) -> int:
+        return 1  # every mini-batch is a micro-batch
 
 
 def one_f_one_b_order(stages: int, batches: int) -> list[list[tuple[str, int]]]:

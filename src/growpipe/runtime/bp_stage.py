@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any, TypeVar
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from growpipe.config import RunConfig
-from growpipe.data.bundle import batch_order
+from growpipe.data.batches import Batch, BatchReader, epoch_batches
 from growpipe.errors import NonFiniteError, StageError
 from growpipe.loop.stats import StageStats
 from growpipe.nn.guard import STOP_HINT, problem_after_backward
@@ -47,11 +46,6 @@ def busy(method: F_) -> F_:
     return timed  # type: ignore[return-value]
 
 
-def micro_slices(n: int, micro_batches: int) -> list[np.ndarray]:
-    """Positions of a batch of n samples split into at most `micro_batches` nearly equal micro-batches."""
-    return [s for s in np.array_split(np.arange(n), min(micro_batches, n)) if len(s)]
-
-
 class BPStage(StageBase):
     """One BP block: forward(micro) keeps the graph; backward(micro, grad) returns the input's gradient;
     step() applies the gradients accumulated over the mini-batch (one synchronous update, as GPipe)."""
@@ -64,6 +58,7 @@ class BPStage(StageBase):
         self.loss_sum = 0.0  # ... and of the mini-batches it stepped on since epoch_stats
         self.loss_batches = 0
         self.stats = StageStats(index)
+        self.reader = BatchReader(self._read_epoch)  # stage 0: its training data, in the engine's order
 
     def setup(self, spec: BlockSpec, info: InputInfo, last: bool) -> str:
         block = self._build(spec, info)
@@ -86,7 +81,7 @@ class BPStage(StageBase):
         others take `upstream`. Returns the output without its graph (None on the last stage)."""
         block = self._require_block()
         if upstream is None:
-            p, x_in = self._micro_batch(epoch, batch, micro), None
+            p, x_in = self._input(epoch, batch, micro), None
         else:
             p = upstream.to(self.device)
             x_in = p.x.detach().requires_grad_(p.x.is_floating_point() and not block.frozen)
@@ -178,11 +173,14 @@ class BPStage(StageBase):
         self.loss_sum, self.loss_batches = 0.0, 0
         return stats
 
-    def _micro_batch(self, epoch: int, batch: int, micro: int) -> Packet:
-        split = self._data().train
-        order = batch_order(len(split), self.cfg.data.batch_size, shuffle=True, seed=self.cfg.seed, epoch=epoch,
-                            start_batch=batch)  # fmt: skip
-        _, idx = next(order)
-        part = idx[micro_slices(len(idx), self.cfg.runtime.micro_batches)[micro]]
-        x, y = split.batch(part, epoch)
-        return Packet(x=x, y=y, side={}, index=batch).to(self.device)
+    def _micro_batches(self) -> int:
+        """Micro-batches a mini-batch is cut into (GPipe: runtime.micro_batches)."""
+        return self.cfg.runtime.micro_batches
+
+    def _read_epoch(self, epoch: int, start_batch: int) -> Generator[Batch, None, None]:
+        return epoch_batches(self._data().train, self.cfg.data.batch_size, seed=self.cfg.seed, epoch=epoch,
+                             start_batch=start_batch, augment=True, micro_batches=self._micro_batches())  # fmt: skip
+
+    def _input(self, epoch: int, batch: int, micro: int = 0) -> Packet:
+        """Stage 0: micro-batch `micro` of mini-batch `batch` of the training data, on this stage's device."""
+        return self.reader.get(epoch, batch).parts[micro].to(self.device)

@@ -17,11 +17,12 @@ from collections import deque
 from typing import Any
 
 from growpipe.config import RunConfig
+from growpipe.data.batches import micro_slices
 from growpipe.errors import ConfigError
 from growpipe.loop.engine import EpochPart, Poll, Prepared
 from growpipe.nn.specs import BlockSpec
 from growpipe.runtime.async_bp import AsyncBPStage, check_1f1b, submit_epoch
-from growpipe.runtime.bp_stage import BPStage, micro_slices
+from growpipe.runtime.bp_stage import BPStage
 from growpipe.runtime.stage_engine import StageEngine
 
 BATCHES_AHEAD = 2
