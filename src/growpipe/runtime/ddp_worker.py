@@ -85,7 +85,7 @@ class Replica:
 
     def train(self, epoch: int, start: int, stop_at: int | None) -> dict[str, Any]:
         """Train this worker's shard of each global mini-batch of `epoch` from batch `start` (before `stop_at`)."""
-        from growpipe.data.bundle import batch_order
+        from growpipe.data.batches import epoch_batches
 
         device = next(self.model.parameters()).device
         split, bs = self.bundle.train, self.cfg.data.batch_size
@@ -97,29 +97,29 @@ class Replica:
         optimizers = [b.optimizers["all"] for b in trainable]
         last, die = self.blocks[-1], envvars.die_at()
         loss_sum, batches, skipped, samples, t0, paused_at = 0.0, 0, 0, 0, time.perf_counter(), None
-        for index, idx in batch_order(len(split), bs, shuffle=True, seed=self.cfg.seed, epoch=epoch,
-                                      start_batch=start):  # fmt: skip
-            if stop_at is not None and index >= stop_at:
-                paused_at = index
+        for batch in epoch_batches(split, bs, seed=self.cfg.seed, epoch=epoch, start_batch=start, augment=True,
+                                   shard=(self.rank, self.world)):  # fmt: skip
+            if stop_at is not None and batch.index >= stop_at:
+                paused_at = batch.index
                 break
             self.steps += 1
             if die and die[0] == self.rank and die[1] == self.steps and not os.path.exists(die[2]):
                 Path(die[2]).touch()
                 os._exit(1)  # a worker process lost mid-epoch (tests)
-            x, y = split.batch(idx[self.rank :: self.world], epoch)  # this worker's shard of the global batch
+            p = batch.parts[0]  # this worker's shard of the global mini-batch
             with last.computing():
-                loss = F.cross_entropy(self.model(x.to(device), None, {}), y.to(device))
+                loss = F.cross_entropy(self.model(p.x.to(device), None, {}), p.y.to(device))
             try:  # the backward inside: DDP averages the gradients of all workers there
                 metrics = guarded_update({"ce": loss}, optimizers, last.on_nonfinite, replicated=True)
             except NonFiniteError as e:
                 raise e.located(f"DDP worker {self.rank} (block {last.index}, {type(last).__name__})",
-                                batch=index) from None  # fmt: skip
+                                batch=batch.index) from None  # fmt: skip
             for b in trainable:
                 b.steps += 1
             skipped += SKIPPED in metrics
             loss_sum += metrics.get("ce", 0.0)
             batches += 1
-            samples += len(idx)
+            samples += batch.samples
         return {"loss": {f"b{last.index}.ce": loss_sum}, "loss_batches": batches - skipped, "batches": batches,
                 "skipped": {f"b{b.index}": skipped for b in trainable} if skipped else {}, "samples": samples,
                 "busy_s": time.perf_counter() - t0, "paused_at": paused_at}  # fmt: skip
