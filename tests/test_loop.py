@@ -12,10 +12,10 @@ import pytest
 
 from growpipe.checkpoint import CheckpointStore
 from growpipe.errors import CheckpointError
+from growpipe.growth import grow_refusal
 from growpipe.loop.callbacks import RunCallback
 from growpipe.loop.engine import EpochPart, Prepared, WorkerLost
 from growpipe.loop.loop import RunLoop
-from growpipe.growth import grow_refusal
 from growpipe.loop.policies import CheckpointTiming, Raise, Retry, decide_failure, pack_host
 from growpipe.loop.stats import StageStats, merge_by_stage
 from growpipe.nn.specs import InputInfo
@@ -342,6 +342,8 @@ def test_stage_stats_merge_pieces_of_an_epoch():
     assert (m.samples, m.batches, m.busy_s, m.losses) == (16, 3, 3.0, {"b1.ce": 2.0})
     m.wall_s = 6.0
     assert m.row()["utilisation"] == pytest.approx(0.5)
+    m.wall_s = 2.0
+    assert m.row()["utilisation"] == pytest.approx(1.5)  # as measured: a double count would show, not be clamped
 
 
 def test_topology_policy_replaces_waits_shrinks_fails_and_expands():
