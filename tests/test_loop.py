@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -143,6 +145,17 @@ def _loop(cfg, engine, tmp_path: Path | None = None, **kw):
     return RunLoop(cfg, engine, store=store, callbacks=[states], **kw), states
 
 
+def _ask_from_another_thread(loop: RunLoop, request: dict, keep: Callable[[dict], Any]) -> threading.Thread:
+    """Send a grow request from a thread of its own (grow() waits for its answer, which goes to `keep`);
+    return once the loop has it queued."""
+    asker = threading.Thread(target=lambda: keep(loop.grow(request)))
+    asker.start()
+    deadline = time.monotonic() + 10
+    while loop.orders.empty() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return asker
+
+
 def test_planned_growth_happens_after_its_epoch_and_the_new_block_trains_from_the_next():
     engine = FakeEngine()
     loop, states = _loop(_cfg(train={"epochs": 2}, grow={"schedule": [{"kind": "layer", "epochs": 1}]}), engine)
@@ -174,11 +187,7 @@ def test_a_request_mid_epoch_is_placed_while_training_goes_on_then_attached_at_t
 
     def ask(epoch, batch):
         if (epoch, batch) == (1, 3) and not askers:
-            askers.append(threading.Thread(target=lambda: answers.append(loop.grow({"kind": "layer", "width": 16}))))
-            askers[0].start()
-            deadline = time.monotonic() + 10
-            while loop.orders.empty() and time.monotonic() < deadline:
-                time.sleep(0.01)
+            askers.append(_ask_from_another_thread(loop, {"kind": "layer", "width": 16}, answers.append))
 
     engine = FakeEngine(on_batch=ask)
     loop, states = _loop(_cfg(train={"epochs": 2}, grow={"max_blocks": 4}), engine)
@@ -207,11 +216,7 @@ def test_two_requests_never_pass_grow_max_blocks_while_the_first_is_being_placed
 
     def ask(epoch, batch):
         if (epoch, batch) == (1, 2) and not askers:
-            askers.append(threading.Thread(target=lambda: answers.setdefault("first", loop.grow({"kind": "layer"}))))
-            askers[0].start()
-            deadline = time.monotonic() + 10
-            while loop.orders.empty() and time.monotonic() < deadline:
-                time.sleep(0.01)
+            askers.append(_ask_from_another_thread(loop, {"kind": "layer"}, lambda a: answers.setdefault("first", a)))
             askers.append(threading.Thread(target=second))
             askers[1].start()
 
@@ -235,11 +240,7 @@ def test_the_grow_limit_stops_a_planned_step_a_request_took_the_room_of_and_the_
 
     def ask(epoch, batch):
         if (epoch, batch) == (1, 3) and not askers:
-            askers.append(threading.Thread(target=lambda: answers.setdefault("first", loop.grow({"kind": "layer"}))))
-            askers[0].start()
-            deadline = time.monotonic() + 10
-            while loop.orders.empty() and time.monotonic() < deadline:
-                time.sleep(0.01)
+            askers.append(_ask_from_another_thread(loop, {"kind": "layer"}, lambda a: answers.setdefault("first", a)))
         if (epoch, batch) == (1, 5):
             answers["second"] = loop.grow({"kind": "layer"})  # refused at once: the net is at the limit
 

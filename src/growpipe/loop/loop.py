@@ -330,6 +330,8 @@ class RunLoop:
         row.update(eval_seconds=round(eval_seconds, 4), checkpoint_seconds=0.0, eval_bytes=ev.get("eval_bytes"))
         self.history.append(row)
         note_epoch(self.growth, row)
+        if self.engine.stage_table:
+            notify(self.callbacks, "after_epoch_stages", epoch, [s.row() for s in stats], say=self.say)
         notify(self.callbacks, "after_epoch", row, say=self.say)
 
     def position(self) -> dict[str, int] | None:
