@@ -34,6 +34,8 @@ from growpipe.report import epoch_row, summarize
 
 Say = Callable[[str], None]
 
+MORE_BLOCKS_HINT = "for more, resume the run with --set grow.max_blocks=N (or start it with that)"
+
 SKIP_HINT = "lower train.lr (train.on_nonfinite=skip_batch still stops a run once an epoch learns nothing)"
 
 
@@ -362,7 +364,7 @@ class RunLoop:
                 return {"error": f"run {self.run_name!r} has {self.state.name}; nothing to grow"}
             why = grow_refusal(self.run_name, len(self.specs), self._pending, self.cfg.max_blocks())
             if why:
-                return {"error": why}
+                return {"error": f"{why}; {MORE_BLOCKS_HINT}"}
             if self.info is not None and self.specs:
                 try:  # fail fast; checked again against the block it really lands on
                     check_input_size(ask, self.info, self.specs[-1])
@@ -406,6 +408,7 @@ class RunLoop:
         """Attach a prepared request unless grow.max_blocks was reached meanwhile; answer the caller."""
         why = grow_refusal(self.run_name, len(self.specs), 0, self.cfg.max_blocks())
         if why:
+            why = f"{why}; {MORE_BLOCKS_HINT}"
             self.engine.discard_block(order.prepared)
             self._answer(order, error=why)
             self.say(f"grow   request refused: {why}")
