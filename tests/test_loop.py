@@ -253,10 +253,7 @@ def test_the_grow_limit_stops_a_planned_step_a_request_took_the_room_of_and_the_
     askers[0].join(10)
     why = "run 'fake' is at grow.max_blocks=3 blocks"
     assert answers["first"]["blocks"] == 3
-    assert (
-        answers["second"]["error"]
-        == f"{why}; for more, resume the run with --set grow.max_blocks=N (or start it with that)"
-    )
+    assert answers["second"]["error"] == f"{why}; for more blocks, start or resume the run with --set grow.max_blocks=N"
     assert [(g["epoch"], g["batch"], g["source"]) for g in result["growth"]] == [(0, 3, "request")]
     assert result["blocks"] == 3 and engine.depth == 3 and result["epochs"] == 3
     assert [line for line in lines if "skipped" in line] == [f"grow   planned layer step after epoch 2 skipped: {why}"]

@@ -17,6 +17,8 @@ Point = tuple[str, dict[str, str], float]
 
 @dataclass(frozen=True)
 class MetricSpec:
+    """A metric as growpipe names it (Prometheus: `ray_` + name), its kind, tags and help text."""
+
     name: str
     kind: str  # gauge | counter
     tags: tuple[str, ...]
@@ -76,7 +78,8 @@ class RayMetrics(RunCallback):
         from ray.util.metrics import Counter, Gauge
 
         self.run = run
-        self.metrics = {m.name: (Gauge if m.kind == "gauge" else Counter)(m.name, m.help, m.tags) for m in METRICS}
+        self.gauges = {m.name: Gauge(m.name, m.help, m.tags) for m in METRICS if m.kind == "gauge"}
+        self.counters = {m.name: Counter(m.name, m.help, m.tags) for m in METRICS if m.kind == "counter"}
 
     def after_epoch_stages(self, epoch: int, stages: list[dict[str, Any]]) -> None:
         self._record(stage_points(self.run, stages))
@@ -89,8 +92,7 @@ class RayMetrics(RunCallback):
 
     def _record(self, points: list[Point]) -> None:
         for name, tags, value in points:
-            metric = self.metrics[name]
-            if hasattr(metric, "set"):
-                metric.set(value, tags=tags)
+            if name in self.gauges:
+                self.gauges[name].set(value, tags=tags)
             else:
-                metric.inc(value, tags=tags)
+                self.counters[name].inc(value, tags=tags)

@@ -34,7 +34,7 @@ from growpipe.report import epoch_row, summarize
 
 Say = Callable[[str], None]
 
-MORE_BLOCKS_HINT = "for more, resume the run with --set grow.max_blocks=N (or start it with that)"
+MORE_BLOCKS_HINT = "for more blocks, start or resume the run with --set grow.max_blocks=N"
 
 SKIP_HINT = "lower train.lr (train.on_nonfinite=skip_batch still stops a run once an epoch learns nothing)"
 
