@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from growpipe.checkpoint import CheckpointStore
 from growpipe.errors import CheckpointError
+from growpipe.growth import grow_refusal
 from growpipe.loop.callbacks import RunCallback
 from growpipe.loop.engine import EpochPart, Prepared, WorkerLost
 from growpipe.loop.loop import RunLoop
-from growpipe.loop.policies import CheckpointTiming, Raise, Retry, decide_failure, grow_refusal, pack_host
+from growpipe.loop.policies import CheckpointTiming, Raise, Retry, decide_failure, pack_host
 from growpipe.loop.stats import StageStats, merge_by_stage
 from growpipe.nn.specs import InputInfo
 from tests.conftest import tiny_config
@@ -142,6 +145,17 @@ def _loop(cfg, engine, tmp_path: Path | None = None, **kw):
     return RunLoop(cfg, engine, store=store, callbacks=[states], **kw), states
 
 
+def _ask_from_another_thread(loop: RunLoop, request: dict, keep: Callable[[dict], Any]) -> threading.Thread:
+    """Send a grow request from a thread of its own (grow() waits for its answer, which goes to `keep`);
+    return once the loop has it queued."""
+    asker = threading.Thread(target=lambda: keep(loop.grow(request)))
+    asker.start()
+    deadline = time.monotonic() + 10
+    while loop.orders.empty() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return asker
+
+
 def test_planned_growth_happens_after_its_epoch_and_the_new_block_trains_from_the_next():
     engine = FakeEngine()
     loop, states = _loop(_cfg(train={"epochs": 2}, grow={"schedule": [{"kind": "layer", "epochs": 1}]}), engine)
@@ -173,11 +187,7 @@ def test_a_request_mid_epoch_is_placed_while_training_goes_on_then_attached_at_t
 
     def ask(epoch, batch):
         if (epoch, batch) == (1, 3) and not askers:
-            askers.append(threading.Thread(target=lambda: answers.append(loop.grow({"kind": "layer", "width": 16}))))
-            askers[0].start()
-            deadline = time.monotonic() + 10
-            while loop.orders.empty() and time.monotonic() < deadline:
-                time.sleep(0.01)
+            askers.append(_ask_from_another_thread(loop, {"kind": "layer", "width": 16}, answers.append))
 
     engine = FakeEngine(on_batch=ask)
     loop, states = _loop(_cfg(train={"epochs": 2}, grow={"max_blocks": 4}), engine)
@@ -206,11 +216,7 @@ def test_two_requests_never_pass_grow_max_blocks_while_the_first_is_being_placed
 
     def ask(epoch, batch):
         if (epoch, batch) == (1, 2) and not askers:
-            askers.append(threading.Thread(target=lambda: answers.setdefault("first", loop.grow({"kind": "layer"}))))
-            askers[0].start()
-            deadline = time.monotonic() + 10
-            while loop.orders.empty() and time.monotonic() < deadline:
-                time.sleep(0.01)
+            askers.append(_ask_from_another_thread(loop, {"kind": "layer"}, lambda a: answers.setdefault("first", a)))
             askers.append(threading.Thread(target=second))
             askers[1].start()
 
@@ -222,6 +228,40 @@ def test_two_requests_never_pass_grow_max_blocks_while_the_first_is_being_placed
         t.join(10)
     assert "grow.max_blocks=3" in answers["second"]["error"]
     assert answers["first"]["blocks"] == 3 and result["blocks"] == 3 and engine.depth == 3
+
+
+def test_the_grow_limit_stops_a_planned_step_a_request_took_the_room_of_and_the_run_goes_on(tmp_path: Path):
+    """No grow.max_blocks: the limit is its documented default, net.blocks + len(grow.schedule) = 3. A request
+    in epoch 1 takes the third block; the schedule's step after epoch 2 is skipped (said once, recorded), the
+    step's epoch still runs and the boundary keeps its checkpoint."""
+    answers: dict[str, dict] = {}
+    askers: list[threading.Thread] = []
+    loop: RunLoop
+
+    def ask(epoch, batch):
+        if (epoch, batch) == (1, 3) and not askers:
+            askers.append(_ask_from_another_thread(loop, {"kind": "layer"}, lambda a: answers.setdefault("first", a)))
+        if (epoch, batch) == (1, 5):
+            answers["second"] = loop.grow({"kind": "layer"})  # refused at once: the net is at the limit
+
+    cfg = _cfg(train={"epochs": 2}, grow={"schedule": [{"kind": "layer", "epochs": 1}]}, checkpoint={"enabled": True})
+    assert cfg.grow.max_blocks is None and cfg.max_blocks() == 3
+    lines: list[str] = []
+    engine = FakeEngine(on_batch=ask)
+    loop, _ = _loop(cfg, engine, tmp_path, say=lines.append)
+    result = loop.run()
+    askers[0].join(10)
+    why = "run 'fake' is at grow.max_blocks=3 blocks"
+    assert answers["first"]["blocks"] == 3
+    assert answers["second"]["error"] == f"{why}; for more blocks, start or resume the run with --set grow.max_blocks=N"
+    assert [(g["epoch"], g["batch"], g["source"]) for g in result["growth"]] == [(0, 3, "request")]
+    assert result["blocks"] == 3 and engine.depth == 3 and result["epochs"] == 3
+    assert [line for line in lines if "skipped" in line] == [f"grow   planned layer step after epoch 2 skipped: {why}"]
+    skipped = [{"epoch": 2, "kind": "layer", "group": None, "width": None, "source": "schedule", "reason": why}]
+    assert result["growth_skipped"] == skipped
+    store = CheckpointStore(str(tmp_path), "fake")
+    assert ("save", "ckpt-000002-0000000-0004") in engine.calls  # the boundary of the skipped step
+    assert store.read_manifest(store.latest().path)["growth_skipped"] == skipped  # a resumed run keeps it
 
 
 def test_a_lost_worker_is_retried_from_the_newest_checkpoint_and_the_run_ends_as_planned(tmp_path: Path):
@@ -304,6 +344,8 @@ def test_stage_stats_merge_pieces_of_an_epoch():
     assert (m.samples, m.batches, m.busy_s, m.losses) == (16, 3, 3.0, {"b1.ce": 2.0})
     m.wall_s = 6.0
     assert m.row()["utilisation"] == pytest.approx(0.5)
+    m.wall_s = 2.0
+    assert m.row()["utilisation"] == pytest.approx(1.5)  # as measured: a double count would show, not be clamped
 
 
 def test_topology_policy_replaces_waits_shrinks_fails_and_expands():

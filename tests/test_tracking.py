@@ -102,14 +102,17 @@ def test_a_grown_ray_run_matches_the_reference_reports_its_stages_and_is_logged_
     with Pipeline(cfg) as p:
         result = p.train(progress=lines.append)
         net = p.final_net()
+        exported = _exported(cfg.name, result)  # while the controller that records them lives
     _assert_same_weights(reference.net, net, atol=1e-6)
     assert result["blocks"] == 3 and result["growth"][0]["kind"] == "layer"
     assert any(line.startswith("grow   +layer block 2 (mlp) -> 3 blocks, stage actor 2") for line in lines)
     stages = result["stages"]
     assert [s["stage"] for s in stages] == [0, 1, 2]
-    for s in stages:
+    for s in stages:  # as measured, nothing clamped
         assert 0 < s["utilisation"] <= 1 and s["busy_s"] > 0 and s["samples_per_second"] > 0
-    assert result["hop_overhead_ms"] is not None and result["hop_overhead_ms"] >= 0
+    assert stages[1]["hop_ms_min"] >= 0 and result["hop_overhead_ms"] >= stages[1]["hop_ms_min"]
+    assert stages[0]["hop_ms_min"] is None  # stage 0 takes no packet from a stage
+    _check_exported(exported, result)
     events = result["timeline"]["traceEvents"]
     assert {e["tid"] for e in events} == {0, 1} and all(e["ph"] == "X" and e["dur"] >= 0 for e in events)
 
@@ -119,6 +122,82 @@ def test_a_grown_ray_run_matches_the_reference_reports_its_stages_and_is_logged_
     assert client.get_metric_history(run.info.run_id, "stage0.utilisation")
     assert any(k.startswith("system/cpu") for k in run.data.metrics)
     assert any(line.startswith(f"mlflow run {run.info.run_id}") for line in lines)
+
+
+def _exported(run: str, result: dict, timeout_s: float = 60.0) -> dict[tuple[str, tuple], float]:
+    """The run's series on the head node's Prometheus endpoint ({(name, ((tag, value), ...)): value}), once
+    Ray has exported the last epoch's exit accuracies and the growth (it exports every few seconds)."""
+    import re
+    import time
+    import urllib.request
+
+    import ray
+
+    head = next(n for n in ray.nodes() if n["Alive"] and "node:__internal_head__" in n["Resources"])
+    url = f"http://127.0.0.1:{head['MetricsExportPort']}/metrics"
+    last = result["history"][-1]
+    want = {
+        (("exit", str(d)), ("run", run)): a for d, a in zip(last["exit_depths"], last["exit_accuracy"], strict=True)
+    }
+    deadline = time.monotonic() + timeout_s
+    while True:
+        series = {}
+        for line in urllib.request.urlopen(url, timeout=10).read().decode().splitlines():
+            m = re.match(r"(ray_growpipe_\w+)\{(.*)\} (\S+)$", line)
+            tags = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2))) if m else {}
+            if tags.get("run") == run:
+                keep = sorted((k, v) for k, v in tags.items() if k in ("run", "stage", "exit", "kind", "source"))
+                series[(m.group(1), tuple(keep))] = float(m.group(3))
+        exits = {k: v for (name, k), v in series.items() if name == "ray_growpipe_exit_accuracy"}
+        if exits == pytest.approx(want) and series.get(("ray_growpipe_growth_events_total", (
+                ("kind", "layer"), ("run", run), ("source", "schedule")))) == 1.0:  # fmt: skip
+            return series
+        assert time.monotonic() < deadline, f"not exported within {timeout_s:g}s: {series}"
+        time.sleep(0.5)
+
+
+def _check_exported(series: dict[tuple[str, tuple], float], result: dict) -> None:
+    """Every stage's gauges (the values of the last epoch it trained in), within their ranges."""
+    run = result["config"]["name"]
+
+    def of(name: str) -> dict[int, float]:
+        return {int(dict(k)["stage"]): v for (n, k), v in series.items() if n == f"ray_growpipe_stage_{name}"}
+
+    assert set(of("utilisation")) == set(of("samples_per_second")) == set(of("inflight_packets")) == {0, 1, 2}
+    assert all(0 < u <= 1 for u in of("utilisation").values()) and all(v > 0 for v in of("samples_per_second").values())
+    window = result["config"]["runtime"]["window"]
+    assert 1 <= of("inflight_packets")[0] <= window and of("inflight_packets")[2] == 0  # the last stage sends nothing
+    assert set(of("hop_ms")) == {1} and of("hop_ms")[1] >= 0  # stage 2 only ever streamed from its prefix cache
+    assert {dict(k)["run"] for _, k in series} == {run}
+
+
+def test_clock_offset_comes_from_the_shortest_round_trip():
+    from growpipe.runtime.clocks import offset_from_round_trips
+
+    # (asked, their clock, answered): the second trip is the shortest, its midpoint 10.5 read as 13.5
+    assert offset_from_round_trips([(0.0, 5.0, 4.0), (10.0, 13.5, 11.0), (20.0, 20.0, 23.0)]) == 3.0
+
+
+def test_ray_metrics_points_from_an_epoch_and_a_growth():
+    from growpipe.ray_metrics import METRICS, exit_points, growth_points, stage_points
+
+    row = {"stage": 0, "samples_per_second": 900.0, "utilisation": 0.4, "max_inflight": 3, "hop_ms_median": None}
+    rows = [row, {**row, "stage": 1, "max_inflight": 0, "hop_ms_median": 1.5}]
+    points = stage_points("r", rows)
+    assert ("growpipe_stage_hop_ms", {"run": "r", "stage": "1"}, 1.5) in points
+    assert not any(name == "growpipe_stage_hop_ms" and tags["stage"] == "0" for name, tags, _ in points)
+    assert ("growpipe_stage_inflight_packets", {"run": "r", "stage": "0"}, 3.0) in points
+    assert len(points) == 7
+    assert exit_points("r", {"exit_depths": [1, 3], "exit_accuracy": [0.5, 0.75]}) == [
+        ("growpipe_exit_accuracy", {"run": "r", "exit": "1"}, 0.5),
+        ("growpipe_exit_accuracy", {"run": "r", "exit": "3"}, 0.75),
+    ]
+    assert growth_points("r", {"kind": "layer", "source": "request"}) == [
+        ("growpipe_growth_events", {"run": "r", "kind": "layer", "source": "request"}, 1.0)
+    ]
+    specs = {m.name: m for m in METRICS}  # every point names a metric with exactly its tags
+    for name, tags, _ in [*points, *exit_points("r", {"exit_depths": [1], "exit_accuracy": [1.0]})]:
+        assert set(specs[name].tags) == set(tags)
 
 
 def test_unreachable_tracking_server_never_stops_training(tmp_path: Path):

@@ -432,7 +432,8 @@ class GrowSpec(_Strict):
     step: GrowStep = GrowStep()
     """The block every_epochs / on_plateau append (its epochs field is not used)."""
     max_blocks: int | None = Field(None, ge=1, le=64)
-    """Most blocks the net may reach (by any kind of growth); default: net.blocks + len(schedule)."""
+    """Most blocks the net may reach, by plan or by request (a planned step past it is skipped, a request
+    refused); default: net.blocks + len(schedule), so set it for `growpipe grow` to add blocks beyond those."""
     freeze: bool = True
     """Freeze earlier blocks when a block is appended (only the new block trains)."""
     cache: CacheSpec = CacheSpec()

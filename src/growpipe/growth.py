@@ -27,9 +27,11 @@ class GrowthPlan:
 
     def due(self, epoch: int, history: list[dict[str, Any]], depth: int) -> list[GrowStep]:
         """Steps to apply now, after `epoch` finished epochs (0: before training) at the current depth."""
-        if self.policy == "schedule":
+        if self.policy == "schedule":  # every step, even past the limit: the loop says which it skips
             return list(self._scheduled.get(epoch, []))
-        if self.policy == "none" or epoch in (0, self.total_epochs) or depth >= self.cfg.max_blocks():
+        if self.policy == "none" or epoch in (0, self.total_epochs):
+            return []
+        if grow_refusal("", depth, 0, self.cfg.max_blocks()):  # the policy's growth ends at the limit
             return []
         since = epoch - self.last_growth_epoch
         if self.policy == "every_epochs":
@@ -45,6 +47,16 @@ class GrowthPlan:
     def grew(self, epoch: int) -> None:
         """Note a growth (from the plan or from outside) after `epoch` finished epochs."""
         self.last_growth_epoch = epoch
+
+
+def grow_refusal(run: str, depth: int, pending: int, limit: int) -> str | None:
+    """Why one more block may not be added under grow.max_blocks (`limit`, RunConfig.max_blocks(): its
+    default is net.blocks + len(grow.schedule)), counting the blocks the net has and the requests accepted
+    but not attached yet; None: it fits. The one limit of requests and planned steps alike."""
+    if depth + pending < limit:
+        return None
+    counting = f" (counting {pending} request(s) not attached yet)" if pending else ""
+    return f"run {run!r} is at grow.max_blocks={limit} blocks{counting}"
 
 
 class FrozenWatch:

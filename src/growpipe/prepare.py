@@ -216,11 +216,16 @@ def checkpoint_store(cfg: RunConfig, run_name: str | None = None) -> CheckpointS
     return CheckpointStore(cfg.checkpoint.uri, run_name or cfg.name, cfg.checkpoint.keep)
 
 
-def run_callbacks(cfg: RunConfig, run_name: str, say: Callable[[str], None]) -> list[RunCallback]:
-    """The callbacks of a run: its progress lines, and MLflow tracking when tracking.mlflow."""
+def run_callbacks(cfg: RunConfig, run_name: str, say: Callable[[str], None], on_ray: bool = False) -> list[RunCallback]:
+    """The callbacks of a run: its progress lines, MLflow tracking when tracking.mlflow, and on Ray (the
+    run's controller) its live Ray metrics."""
     callbacks: list[RunCallback] = [ProgressLog(say)]
     if cfg.tracking.mlflow:
         from growpipe.tracking import MlflowTracker
 
         callbacks.append(MlflowTracker(cfg, run_name, say))
+    if on_ray:
+        from growpipe.ray_metrics import RayMetrics
+
+        callbacks.append(RayMetrics(run_name))
     return callbacks

@@ -20,6 +20,10 @@ class RunCallback:
 
     def after_epoch(self, row: dict[str, Any]) -> None: ...
 
+    def after_epoch_stages(self, epoch: int, stages: list[dict[str, Any]]) -> None:
+        """The epoch's per-stage rows (StageStats.row(): samples/s, utilisation, hops, packets in flight), just
+        before after_epoch; stage-actor engines only."""
+
     def on_growth(self, event: dict[str, Any]) -> None: ...
 
     def on_topology(self, event: dict[str, Any]) -> None:

@@ -19,12 +19,12 @@ from growpipe import signals
 from growpipe.checkpoint import CheckpointStore, check_input_matches, run_folder_problem
 from growpipe.config import GrowStep, RunConfig, parse_grow_request
 from growpipe.errors import CheckpointError, ConfigError, GrowpipeError, NonFiniteError, ShapeError
-from growpipe.growth import FrozenWatch, GrowthPlan, growth_event, note_epoch
+from growpipe.growth import FrozenWatch, GrowthPlan, grow_refusal, growth_event, note_epoch
 from growpipe.loop.callbacks import RunCallback, notify, wants_final_net
 from growpipe.loop.elastic import Topology
 from growpipe.loop.engine import Engine, Prepared, WorkerLost
 from growpipe.loop.orders import GrowOrder, check_input_size
-from growpipe.loop.policies import CheckpointTiming, Raise, decide_failure, grow_refusal, learned_nothing
+from growpipe.loop.policies import CheckpointTiming, Raise, decide_failure, learned_nothing
 from growpipe.loop.states import Caching, Errored, Finished, Growing, Restoring, Starting, State, Training
 from growpipe.loop.stats import StageStats, merge_by_stage
 from growpipe.nn.inference import chosen_threshold
@@ -33,6 +33,8 @@ from growpipe.nn.specs import BlockSpec, InputInfo
 from growpipe.report import epoch_row, summarize
 
 Say = Callable[[str], None]
+
+MORE_BLOCKS_HINT = "for more blocks, start or resume the run with --set grow.max_blocks=N"
 
 SKIP_HINT = "lower train.lr (train.on_nonfinite=skip_batch still stops a run once an epoch learns nothing)"
 
@@ -92,6 +94,7 @@ class RunLoop:
         self.frozen: set[int] = set()
         self.history: list[dict[str, Any]] = []
         self.growth: list[dict[str, Any]] = []
+        self.growth_skipped: list[dict[str, Any]] = []  # planned steps grow.max_blocks stopped
         self.caches: list[dict[str, Any]] = []
         self.totals: dict[int, StageStats] = {}
         self.train_seconds = 0.0
@@ -234,6 +237,9 @@ class RunLoop:
     def _growing(self, g: Growing) -> State:
         grew = False
         for step in g.steps:  # planned: a block that cannot be placed ends the run
+            if why := grow_refusal(self.run_name, len(self.specs), self._pending, self.cfg.max_blocks()):
+                self._skip_planned(step, g.source, g.epoch, why)
+                continue
             prepared = self.engine.prepare_block(self._next_spec(step))
             self._attach(prepared, step, g.source, g.epoch, g.batch)
             grew = True
@@ -244,7 +250,8 @@ class RunLoop:
                 order = self.orders.get()
                 if self._prepare_order(order):
                     grew = self._attach_order(order, g.epoch, None) or grew
-        if grew:
+        at_end = g.resume is None and self.timing.at_epoch_end(g.epoch, self.plan.total_epochs)
+        if grew or at_end:  # a boundary whose planned steps were all skipped keeps its epoch-end checkpoint
             self._checkpoint(g.epoch, g.batch or 0)
         if g.resume is not None:
             return g.resume
@@ -325,6 +332,8 @@ class RunLoop:
         row.update(eval_seconds=round(eval_seconds, 4), checkpoint_seconds=0.0, eval_bytes=ev.get("eval_bytes"))
         self.history.append(row)
         note_epoch(self.growth, row)
+        if self.engine.stage_table:
+            notify(self.callbacks, "after_epoch_stages", epoch, [s.row() for s in stats], say=self.say)
         notify(self.callbacks, "after_epoch", row, say=self.say)
 
     def position(self) -> dict[str, int] | None:
@@ -353,9 +362,9 @@ class RunLoop:
         with self._lock:
             if self.state.terminal:
                 return {"error": f"run {self.run_name!r} has {self.state.name}; nothing to grow"}
-            why = grow_refusal(self.run_name, len(self.specs), self._pending, self.cfg.grow.max_blocks)
+            why = grow_refusal(self.run_name, len(self.specs), self._pending, self.cfg.max_blocks())
             if why:
-                return {"error": why}
+                return {"error": f"{why}; {MORE_BLOCKS_HINT}"}
             if self.info is not None and self.specs:
                 try:  # fail fast; checked again against the block it really lands on
                     check_input_size(ask, self.info, self.specs[-1])
@@ -397,8 +406,9 @@ class RunLoop:
 
     def _attach_order(self, order: GrowOrder, epoch: int, batch: int | None) -> bool:
         """Attach a prepared request unless grow.max_blocks was reached meanwhile; answer the caller."""
-        why = grow_refusal(self.run_name, len(self.specs), 0, self.cfg.grow.max_blocks)
+        why = grow_refusal(self.run_name, len(self.specs), 0, self.cfg.max_blocks())
         if why:
+            why = f"{why}; {MORE_BLOCKS_HINT}"
             self.engine.discard_block(order.prepared)
             self._answer(order, error=why)
             self.say(f"grow   request refused: {why}")
@@ -426,6 +436,12 @@ class RunLoop:
         self.growth.append(event)
         notify(self.callbacks, "on_growth", event, say=self.say)
         return event
+
+    def _skip_planned(self, step: GrowStep, source: str, epoch: int, why: str) -> None:
+        """A planned step the grow limit stops (a request took its place): said once, recorded, the run goes on."""
+        self.growth_skipped.append({"epoch": epoch, "kind": step.kind, "group": step.group, "width": step.width,
+                                    "source": source, "reason": why})  # fmt: skip
+        self.say(f"grow   planned {step.kind} step after epoch {epoch} skipped: {why}")
 
     def _answer(self, order: GrowOrder, answer: dict[str, Any] | None = None, error: str | None = None) -> None:
         with self._lock:
@@ -473,6 +489,7 @@ class RunLoop:
             "topology": [s.to_dict() for s in self.specs],
             "history": self.history,
             "growth": self.growth,
+            "growth_skipped": self.growth_skipped,
             "frozen_checksums": {str(i): v for i, v in self.watch.at_freeze.items()},
             "train_seconds": self.train_seconds,
             "samples": self.samples,
@@ -484,6 +501,7 @@ class RunLoop:
     def _restore_record(self, manifest: dict[str, Any]) -> None:
         self.ckpt_seq = max(self.ckpt_seq, manifest["seq"])
         self.history, self.growth = list(manifest["history"]), list(manifest["growth"])
+        self.growth_skipped = list(manifest.get("growth_skipped", []))
         self.plan = GrowthPlan(self.cfg)
         for event in self.growth:
             self.plan.grew(event["epoch"])
@@ -510,6 +528,7 @@ class RunLoop:
             summary["hop_overhead_ms"] = hops[len(hops) // 2] if hops else None
         summary.update(self.engine.extras())
         summary["frozen_unchanged"] = self.watch.unchanged(self.engine.checksums())
+        summary["growth_skipped"] = self.growth_skipped
         summary["prefix_caches"] = self.caches
         summary["restarts"] = self.restarts
         summary["topology_changes"] = self.topology.changes

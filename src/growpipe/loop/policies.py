@@ -4,7 +4,7 @@
   non-finite loss, always raises);
 - skipped batches: a block that skipped every batch of an epoch ends the run;
 - checkpoints: which epoch ends and batches get a restore point;
-- grow requests: whether one more block fits under grow.max_blocks;
+- the grow limit (requests and planned steps alike): growpipe.growth.grow_refusal;
 - no capacity for a new block: pack it into an existing worker, or fail.
 
 When the net grows by plan is growpipe.growth.GrowthPlan's decision.
@@ -88,12 +88,3 @@ def pack_host(on_no_capacity: str, last_host: int) -> int | None:
     """Where a block goes that cannot get a worker of its own within runtime.placement_timeout_s: into the
     actor that runs the last block (`last_host`) when grow.on_no_capacity is pack; None: the growth fails."""
     return last_host if on_no_capacity == "pack" else None
-
-
-def grow_refusal(run: str, depth: int, pending: int, limit: int | None) -> str | None:
-    """Why a grow request is refused under grow.max_blocks (None: it fits), counting the blocks the net
-    has and the requests accepted but not attached yet."""
-    if limit is not None and depth + pending >= limit:
-        counting = f" (counting {pending} request(s) not attached yet)" if pending else ""
-        return f"run {run!r} is at grow.max_blocks={limit} blocks{counting}"
-    return None

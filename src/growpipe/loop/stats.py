@@ -32,8 +32,10 @@ class StageStats:
     wall_s: float = 0.0
     """Wall time of the epochs merged in (the loop sets it): the denominator of the utilisation."""
     hops_ms: list[float] = field(default_factory=list)
-    """From handing a packet on to the next stage starting it, queueing excluded."""
+    """From handing a packet on to the next stage starting it, queueing excluded (both times in the receiver's
+    clock, see runtime/clocks.py)."""
     max_inflight: int = 0
+    """The most packets it had handed on that the next stage had not finished (runtime.window bounds it)."""
     sent_bytes: int = 0
     """Bytes of the activations it handed on to the next stage."""
     peak_rss_mb: float = 0.0
@@ -104,8 +106,9 @@ class StageStats:
             "busy_s": round(self.busy_s, 3),
             "wait_input_s": round(self.wait_input_s, 3),
             "blocked_s": round(self.blocked_s, 3),
-            "utilisation": min(1.0, self.busy_s / self.wall_s) if self.wall_s else 0.0,
+            "utilisation": self.busy_s / self.wall_s if self.wall_s else 0.0,
             "hop_ms_median": hops[len(hops) // 2] if hops else None,
+            "hop_ms_min": hops[0] if hops else None,
             "max_inflight": self.max_inflight,
             "sent_mb": round(self.sent_bytes / 2**20, 3),
             "peak_rss_mb": round(self.peak_rss_mb, 1),

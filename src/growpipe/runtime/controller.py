@@ -47,7 +47,7 @@ class Controller:
         if resume is not None and store is not None:
             cfg = continuing_mlflow_run(cfg, store.read_manifest(resume), run_name)
         engine = make_engine(cfg, run_name, reserved, self._say)
-        callbacks = run_callbacks(cfg, run_name, self._say)
+        callbacks = run_callbacks(cfg, run_name, self._say, on_ray=True)
         self.loop = RunLoop(cfg, engine, run_name=run_name, store=store, callbacks=callbacks, say=self._say,
                             resume=resume)  # fmt: skip
 

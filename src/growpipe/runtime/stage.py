@@ -28,6 +28,7 @@ from growpipe.loop.stats import StageStats
 from growpipe.nn.block import Block
 from growpipe.nn.packet import Packet
 from growpipe.nn.specs import BlockSpec, InputInfo
+from growpipe.runtime.clocks import BOOT_ID, clock_offset
 from growpipe.runtime.prefix_cache import PrefixCache
 from growpipe.runtime.stage_base import StageBase, peak_rss_mb
 from growpipe.runtime.transport import DirectEndpoint
@@ -47,6 +48,7 @@ class Stage(StageBase, DirectEndpoint):
         self.timeout_s = cfg.runtime.stage_timeout_s
         self.staged: dict[int, Block] = {}  # packed blocks built, not attached yet
         self.downstream: Any = None
+        self.clock_offset = 0.0  # how far the next stage's clock is ahead of this one's (another machine)
         self.inflight: deque[tuple[Any, int]] = deque()  # (call ref, packets in it)
         self.inflight_packets = 0
         self.pending: list[Packet] = []  # outputs not sent yet (fewer than packets_per_call)
@@ -84,8 +86,15 @@ class Stage(StageBase, DirectEndpoint):
         self.staged.pop(index, None)
 
     def set_downstream(self, handle: Any) -> None:
-        """The next stage's actor handle (None for the last stage)."""
+        """The next stage's actor handle (None for the last stage); on another machine, how far its clock is
+        ahead of this one's (a packet is stamped in the receiver's clock)."""
         self.downstream = handle
+        self.clock_offset = clock_offset(handle, self.timeout_s) if handle is not None else 0.0
+
+    @ray.method(concurrency_group="control")
+    def clock(self) -> tuple[str, float]:
+        """This actor's machine (one clock per running kernel) and its time now (see runtime/clocks.py)."""
+        return BOOT_ID, time.time()
 
     # ---- the per-batch path -------------------------------------------------------------------------
     def run_epoch(
@@ -149,10 +158,9 @@ class Stage(StageBase, DirectEndpoint):
             self._take_cache_packets(packets)
             return
         start = time.time()
-        if self.last_end is not None:
-            free_at = max(sent_at, self.last_end)
-            self.stats.hops_ms.append(max(0.0, (start - free_at) * 1000.0))
-            self.stats.wait_input_s += max(0.0, start - self.last_end)
+        if self.last_end is not None:  # both in this actor's clock: the sender stamped sent_at in it
+            self.stats.hops_ms.append((start - max(sent_at, self.last_end)) * 1000.0)
+            self.stats.wait_input_s += start - self.last_end
         for p in packets:
             self._process(p.to(self.device))
 
@@ -223,9 +231,8 @@ class Stage(StageBase, DirectEndpoint):
         self.stats.blocked_s += t1 - t0
         if self.recording and t1 - t0 > 1e-4:
             self.stats.events.append(_event("blocked_downstream", self.index, t0, t1))
-        self.inflight.append(
-            (self.push_downstream(self.downstream, group, time.time(), self._sending_cache), len(group))
-        )
+        sent_at = time.time() + self.clock_offset  # in the receiver's clock
+        self.inflight.append((self.push_downstream(self.downstream, group, sent_at, self._sending_cache), len(group)))
         self.stats.sent_bytes += sum(p.nbytes for p in group)
         self.inflight_packets += len(group)
         self.stats.max_inflight = max(self.stats.max_inflight, self.inflight_packets)
