@@ -31,7 +31,7 @@ class FakeEngine:
 
     name = "fake"
     stage_table = True
-    pauses_mid_epoch = True
+    places_while_training = False
     net = "the fake net"  # the loop hands it to the callbacks as it is
 
     def __init__(self, fail_at: tuple[int, int] | None = None, on_batch=None):
@@ -98,7 +98,7 @@ class FakeEngine:
     def checksums(self):
         return {i: f"sum{i}" for i in range(self.depth)}
 
-    def save(self, ckpt_dir):
+    def save(self, store, ckpt_dir):
         Path(ckpt_dir).mkdir(parents=True)
         self.calls.append(("save", Path(ckpt_dir).name))
         return []
@@ -106,7 +106,7 @@ class FakeEngine:
     def layout(self):
         return {}
 
-    def restore(self, ckpt_dir, shards):
+    def restore(self, store, ckpt_dir, shards):
         self.calls.append(("restore", Path(ckpt_dir).name))
 
     def recover(self, specs, layout):
@@ -116,6 +116,9 @@ class FakeEngine:
 
     def final_states(self):
         return []
+
+    def topology(self):
+        return None
 
     def position(self):
         return None
@@ -200,6 +203,32 @@ def test_a_request_mid_epoch_is_placed_while_training_goes_on_then_attached_at_t
     assert answers and answers[0]["block"] == 2 and answers[0]["blocks"] == 3
     assert states.names[:3] == ["training", "growing", "training"]  # a request grows through GROWING too
     assert loop.grow({"kind": "layer"})["error"] == "run 'fake' has finished; nothing to grow"
+
+
+def test_an_engine_that_places_while_training_trains_on_until_the_block_is_built():
+    """Placement in a thread of its own: the block is held unbuilt (a gate) for three batches, which train
+    meanwhile; the block is attached at the first batch after it is ready."""
+    answers: list[dict] = []
+    askers: list[threading.Thread] = []
+    loop: RunLoop
+
+    def ask(epoch, batch):
+        if (epoch, batch) == (1, 2) and not askers:
+            askers.append(_ask_from_another_thread(loop, {"kind": "layer"}, answers.append))
+        if (epoch, batch) == (1, 6) and not engine.gate.is_set():
+            assert engine.preparing.wait(10) and loop._placing is not None
+            engine.gate.set()
+            loop._placing[1].join(10)  # built: the loop takes it at this batch's poll
+
+    engine = FakeEngine(on_batch=ask)
+    engine.places_while_training = True
+    engine.gate = threading.Event()
+    loop, _ = _loop(_cfg(train={"epochs": 1}, grow={"max_blocks": 3}), engine)
+    result = loop.run()
+    askers[0].join(10)
+    assert [d for e, b, d in engine.trained if e == 1][:6] == [2] * 6  # batches 3-5 trained during placement
+    assert [d for e, b, d in engine.trained if e == 1][6:] == [3] * 4
+    assert result["growth"][0]["batch"] == 6 and answers[0]["blocks"] == 3
 
 
 def test_two_requests_never_pass_grow_max_blocks_while_the_first_is_being_placed():

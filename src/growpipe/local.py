@@ -23,6 +23,7 @@ from growpipe.evaluation import evaluate_net, measure_early_exit
 from growpipe.loop.engine import EpochPart, Poll, Prepared
 from growpipe.loop.loop import RunLoop, RunResult
 from growpipe.loop.stats import StageStats
+from growpipe.loop.topology import Layout
 from growpipe.nn.methods import build_block
 from growpipe.nn.net import GrowableNet
 from growpipe.nn.specs import BlockSpec, InputInfo
@@ -42,7 +43,7 @@ class LocalEngine:
 
     name = "local"
     stage_table = False
-    pauses_mid_epoch = True
+    places_while_training = False  # building a block reseeds this process's generator, which training uses
 
     def __init__(self, cfg: RunConfig, bundle: DataBundle | None = None):
         self.cfg = cfg
@@ -114,18 +115,17 @@ class LocalEngine:
     def checksums(self) -> dict[int, str]:
         return {b.index: b.checksum() for b in self._net().blocks}
 
-    def save(self, ckpt_dir: str) -> list[dict[str, Any]]:
-        store = self._store()
+    def save(self, store: CheckpointStore, ckpt_dir: str) -> list[dict[str, Any]]:
         return [store.write_shard(ckpt_dir, {b.index: b.state_dict()}, block_file(b.index)) for b in self._net().blocks]
 
     def layout(self) -> dict[str, Any]:
         return {}
 
-    def restore(self, ckpt_dir: str, shards: list[dict[str, Any]]) -> None:
+    def restore(self, store: CheckpointStore, ckpt_dir: str, shards: list[dict[str, Any]]) -> None:
         net = self._net()
-        net.load_state_dict({"blocks": self._store().load_blocks(ckpt_dir, shards, [b.index for b in net.blocks])})
+        net.load_state_dict({"blocks": store.load_blocks(ckpt_dir, shards, [b.index for b in net.blocks])})
 
-    def recover(self, specs: list[BlockSpec], layout: dict[str, Any] | None) -> str:
+    def recover(self, specs: list[BlockSpec], layout: Layout | None) -> str:
         return self.build(specs, layout)
 
     def final_states(self) -> list[dict[str, Any]]:
@@ -137,6 +137,9 @@ class LocalEngine:
     def extras(self) -> dict[str, Any]:
         return {}
 
+    def topology(self) -> None:
+        return None  # no bundles: every block runs in this process
+
     def stop(self) -> None:
         """Nothing to release."""
 
@@ -144,9 +147,6 @@ class LocalEngine:
         if self.net is None:
             raise RuntimeError("the local engine has no net yet (build was not called)")
         return self.net
-
-    def _store(self) -> CheckpointStore:
-        return CheckpointStore(self.cfg.checkpoint.uri, self.cfg.name, self.cfg.checkpoint.keep)
 
 
 def train_local(cfg: RunConfig, progress: Progress | None = print, bundle: DataBundle | None = None,

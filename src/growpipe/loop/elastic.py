@@ -11,6 +11,7 @@ from typing import Any
 from growpipe.config import RunConfig
 from growpipe.errors import PipelineError
 from growpipe.loop.callbacks import RunCallback, notify
+from growpipe.loop.engine import Engine
 from growpipe.loop.topology import Fail, Layout, Replace, Shrink, TopologyView, Wait, after_loss, expand
 
 WAIT_POLL_S = 1.0
@@ -20,7 +21,7 @@ WAIT_SAY_S = 60.0
 class Topology:
     """Where a run's blocks go when nodes come and go, for engines that can tell (PipelineEngine)."""
 
-    def __init__(self, cfg: RunConfig, engine: Any, callbacks: list[RunCallback], say: Callable[[str], None],
+    def __init__(self, cfg: RunConfig, engine: Engine, callbacks: list[RunCallback], say: Callable[[str], None],
                  stopped: Callable[[], bool]):  # fmt: skip
         self.cfg = cfg
         self.engine = engine
@@ -32,8 +33,7 @@ class Topology:
 
     def view(self) -> TopologyView | None:
         """The engine's view (None: it does not place blocks in bundles)."""
-        fn = getattr(self.engine, "topology", None)
-        return fn() if fn is not None else None
+        return self.engine.topology()
 
     def note(self) -> None:
         """Remember where the blocks run now (to name the node when one is lost)."""

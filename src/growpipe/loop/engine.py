@@ -10,12 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from growpipe.errors import GrowpipeError
 from growpipe.loop.stats import StageStats
+from growpipe.loop.topology import Layout, TopologyView
 from growpipe.nn.net import GrowableNet
 from growpipe.nn.specs import BlockSpec, InputInfo
+
+if TYPE_CHECKING:
+    from growpipe.checkpoint import CheckpointStore
 
 Poll = Callable[[], bool]
 """Called by an engine while an epoch runs; True asks it to stop before its next batch (a growth waits)."""
@@ -43,8 +47,8 @@ class Prepared:
     spec: BlockSpec
     where: str = ""
     """Where it runs, for the progress line (e.g. "stage actor 2 (ALBlock)")."""
-    handle: Any = None
-    """The engine's own record of it."""
+    handle: object = None
+    """The engine's own record of it (a built block, a stage slot)."""
     cacheable: bool = True
     """Its input can be cached once the blocks below are frozen (a block packed into another's worker
     streams through it instead)."""
@@ -53,14 +57,18 @@ class Prepared:
 
 
 class Engine(Protocol):
-    """A runtime the run loop drives. Every call is made from the loop's thread except `position`."""
+    """A runtime the run loop drives. Every call is made from the loop's thread except `position`, and
+    `prepare_block` when `places_while_training`."""
 
     name: str
     """The result JSON's `runtime`: local, ray, ray-gpipe, ray-1f1b, ray-train-ddp."""
     stage_table: bool
     """True when the per-stage statistics are worth a table (one stage per worker)."""
-    pauses_mid_epoch: bool
-    """True when `run_epoch` honours `poll` between batches (else only at the end of the epoch)."""
+    places_while_training: bool
+    """True when `prepare_block` may run in another thread while `run_epoch` trains (the stage engines: the
+    block is built in a new actor). False for the reference trainer (building a block reseeds this process's
+    random generator, which training draws from) and DDP (nothing is placed: the block is built when the
+    trainer restarts at `attach_block`); the loop then prepares between two batches, on its own thread."""
     net: GrowableNet | None
     """The trained net when it lives in this process (the local engine); None when it is spread over
     workers (the loop rebuilds it from `final_states`)."""
@@ -80,7 +88,7 @@ class Engine(Protocol):
         ...
 
     def prepare_block(self, spec: BlockSpec) -> Prepared:
-        """Place and build a block while training may go on; GrowpipeError when it cannot be placed."""
+        """Place and build a block (see `places_while_training`); GrowpipeError when it cannot be placed."""
         ...
 
     def attach_block(self, block: Prepared, freeze: bool) -> None:
@@ -110,25 +118,31 @@ class Engine(Protocol):
         """SHA-256 of every block's weights, by block index."""
         ...
 
-    def save(self, ckpt_dir: str) -> list[dict[str, Any]]:
-        """Write every block's state into checkpoint directory `ckpt_dir`; return the manifest's shard
-        entries ({file, sha256, blocks})."""
+    def save(self, store: CheckpointStore, ckpt_dir: str) -> list[dict[str, Any]]:
+        """Write every block's state into checkpoint directory `ckpt_dir` of the loop's `store`; return the
+        manifest's shard entries ({file, sha256, blocks})."""
         ...
 
     def layout(self) -> dict[str, Any]:
         """Where the blocks run (kept in the manifest for `build` after a resume)."""
         ...
 
-    def restore(self, ckpt_dir: str, shards: list[dict[str, Any]]) -> None:
-        """Load every block's state from a checkpoint (the blocks are built)."""
+    def restore(self, store: CheckpointStore, ckpt_dir: str, shards: list[dict[str, Any]]) -> None:
+        """Load every block's state from checkpoint `ckpt_dir` of `store` (the blocks are built)."""
         ...
 
-    def recover(self, specs: list[BlockSpec], layout: dict[str, Any] | None) -> str:
-        """Replace lost workers and build `specs` again (then the loop restores a checkpoint)."""
+    def recover(self, specs: list[BlockSpec], layout: Layout | None) -> str:
+        """Replace lost workers and build `specs` again, where `layout` says (None: as before the loss); then
+        the loop restores a checkpoint."""
         ...
 
     def final_states(self) -> list[dict[str, Any]]:
         """Every block's state (CPU tensors), in block order."""
+        ...
+
+    def topology(self) -> TopologyView | None:
+        """Where the blocks run and whether each one's home is on a live node (None: the engine does not place
+        blocks in bundles of their own)."""
         ...
 
     def position(self) -> tuple[int, int] | None:

@@ -8,6 +8,7 @@ what they decide. Grow requests arrive from other threads through `grow()`.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -109,6 +110,8 @@ class RunLoop:
         self.orders: queue.Queue[GrowOrder] = queue.Queue()
         self._pending = 0  # requests accepted and not answered yet (queued or being placed)
         self._prepared: GrowOrder | None = None  # a request placed while an epoch ran, waiting for the pause
+        self._placing: tuple[GrowOrder, threading.Thread] | None = None  # a request being placed meanwhile
+        self._placing_error: BaseException | None = None
         self._lock = threading.Lock()
         self.topology = Topology(cfg, engine, self.callbacks, self.say, lambda: self.stop_reason is not None)
         self._epoch_open = False  # between an epoch's start and its line: a progress bar may be drawn
@@ -181,7 +184,7 @@ class RunLoop:
         cfg = self.cfg
         manifest = None
         if s.resume:
-            manifest = (self.store or CheckpointStore(cfg.checkpoint.uri, self.run_name)).read_manifest(s.resume)
+            manifest = self._reader().read_manifest(s.resume)
         elif self.store is not None and (why := run_folder_problem(self.store, True, cfg.checkpoint.overwrite)):
             raise CheckpointError(why)  # checked before the run already; this catches a run started meanwhile
         layout = manifest.get("layout") if manifest else None
@@ -197,7 +200,7 @@ class RunLoop:
         self.say(f"net    {self.engine.build(self.specs, layout)}")
         self.topology.note()
         if manifest and s.resume:
-            self.engine.restore(s.resume, manifest["shards"])
+            self.engine.restore(self._reader(), s.resume, manifest["shards"])
             self._restore_record(manifest)
             self.say(f"resume {s.resume}: epoch {manifest['epoch']}, batch {manifest['batch']}, "
                      f"{len(self.specs)} blocks")  # fmt: skip
@@ -274,8 +277,8 @@ class RunLoop:
         self.specs = [BlockSpec.from_dict(t) for t in manifest["topology"]]
         layout = r.layout or self.topology.after_loss(manifest.get("layout"), len(self.specs), manifest["epoch"],
                                                       manifest["batch"])  # fmt: skip
-        self.engine.recover(self.specs, layout or manifest.get("layout"))
-        self.engine.restore(r.path, manifest["shards"])
+        self.engine.recover(self.specs, layout)
+        self.engine.restore(self.store, r.path, manifest["shards"])
         self._restore_record(manifest)
         self.topology.note()
         return self._after_restore(manifest)
@@ -284,6 +287,7 @@ class RunLoop:
     def _boundary(self, epoch: int) -> State:
         """After `epoch` finished epochs (0: the start): grow (planned, or a request), checkpoint, go on."""
         due = self.plan.due(epoch, self.history, len(self.specs))
+        self._collect_placement(wait=False)
         order, self._prepared = self._prepared, None  # placed during an epoch that could not pause
         if due or order is not None or (not self.orders.empty() and epoch < self.plan.total_epochs):
             return Growing(epoch, None, steps=tuple(due), source=self.plan.policy, order=order)
@@ -377,13 +381,43 @@ class RunLoop:
         return order.answer if order.answer is not None else {"error": order.error}
 
     def _poll(self) -> bool:
-        """Called by the engine while an epoch runs: place a waiting request's block meanwhile; True once
-        one is ready to attach (the engine then pauses)."""
-        if self._prepared is None and not self.orders.empty():
+        """Called by the engine between batches: start placing a waiting request's block (in a thread of its
+        own when the engine can train meanwhile, else here); True once one is ready to attach (the engine
+        then pauses)."""
+        self._collect_placement(wait=False)
+        if self._prepared is None and self._placing is None and not self.orders.empty():
             order = self.orders.get()
-            if self._prepare_order(order):
+            if self.engine.places_while_training:
+                thread = threading.Thread(target=self._place, args=(order,), name="growpipe-place", daemon=True)
+                self._placing = (order, thread)
+                thread.start()
+            elif self._prepare_order(order):
                 self._prepared = order
         return self._prepared is not None
+
+    def _place(self, order: GrowOrder) -> None:
+        """The placement thread: prepare `order`; a failure that is not the request's is kept for the loop."""
+        try:
+            self._prepare_order(order)
+        except BaseException as e:  # a worker lost while placing: raised on the loop's thread
+            self._placing_error = e
+
+    def _collect_placement(self, wait: bool) -> None:
+        """Take a finished placement (with `wait`, the running one once it finishes): its block becomes the
+        one to attach, or its failure is raised here, on the loop's thread."""
+        if self._placing is None:
+            return
+        order, thread = self._placing
+        if wait:
+            thread.join()
+        if thread.is_alive():
+            return
+        self._placing = None
+        if self._placing_error is not None:
+            error, self._placing_error = self._placing_error, None
+            raise error
+        if order.prepared is not None:
+            self._prepared = order
 
     def _next_spec(self, step: GrowStep) -> BlockSpec:
         assert self.info is not None
@@ -452,6 +486,8 @@ class RunLoop:
             order.fail(error or "refused")
 
     def _reject_pending(self, why: str) -> None:
+        with contextlib.suppress(Exception):  # the run ends either way; its failure is known already
+            self._collect_placement(wait=True)
         orders = [self._prepared] if self._prepared is not None else []
         self._prepared = None
         while not self.orders.empty():
@@ -462,6 +498,10 @@ class RunLoop:
             self._answer(order, error=why)
 
     # ---- checkpoints ----------------------------------------------------------------------------------
+    def _reader(self) -> CheckpointStore:
+        """The run's store, or (checkpoints off) one that reads the checkpoint a resume starts from."""
+        return self.store or CheckpointStore(self.cfg.checkpoint.uri, self.run_name)
+
     def _checkpoint(self, epoch: int, batch: int) -> None:
         """A restore point at `epoch` finished epochs and `batch` batches into the next: every block's
         shard from the engine, then the manifest (the commit)."""
@@ -470,7 +510,7 @@ class RunLoop:
         self.ckpt_seq += 1
         t0 = time.perf_counter()
         path = self.store.dir_for(epoch, batch, self.ckpt_seq)
-        shards = self.engine.save(path)
+        shards = self.engine.save(self.store, path)
         manifest = {**self.record(), "epoch": epoch, "batch": batch, "seq": self.ckpt_seq, "shards": shards,
                     "layout": self.engine.layout()}  # fmt: skip
         ref = self.store.commit(path, manifest)

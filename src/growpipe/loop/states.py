@@ -7,10 +7,12 @@ anywhere.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from growpipe.config import GrowStep
+from growpipe.loop.orders import GrowOrder
 from growpipe.loop.stats import StageStats
+from growpipe.loop.topology import Layout
 
 
 class State:
@@ -50,7 +52,7 @@ class Growing(State):
     batch: int | None = None
     steps: tuple[GrowStep, ...] = ()
     source: str = "request"
-    order: Any = None
+    order: GrowOrder | None = None
     resume: Training | None = None
 
 
@@ -64,13 +66,13 @@ class Caching(State):
 
 @dataclass(frozen=True)
 class Restoring(State):
-    """Replace what was lost and go on from checkpoint `path`; `layout` (growpipe.loop.topology.Layout):
-    where the blocks go (None: the topology policy decides from the cluster as it is)."""
+    """Replace what was lost and go on from checkpoint `path`; `layout`: where the blocks go (None: the
+    topology policy decides from the cluster as it is)."""
 
     name: ClassVar[str] = "restoring"
     path: str
     reason: str
-    layout: Any = None
+    layout: Layout | None = None
 
 
 @dataclass(frozen=True)

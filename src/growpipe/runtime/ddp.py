@@ -18,10 +18,12 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from growpipe.checkpoint import CheckpointStore, copy_shards, load_states
 from growpipe.config import RunConfig
 from growpipe.errors import PipelineError
 from growpipe.loop.engine import EpochPart, Poll, Prepared, WorkerLost
 from growpipe.loop.stats import StageStats
+from growpipe.loop.topology import Layout
 from growpipe.nn.net import GrowableNet
 from growpipe.nn.specs import BlockSpec, InputInfo
 from growpipe.runtime.mailbox import Mailbox, TrainerEnded
@@ -34,7 +36,7 @@ class DDPEngine:
 
     name = "ray-train-ddp"
     stage_table = False
-    pauses_mid_epoch = False
+    places_while_training = False  # nothing is placed: the block is built when the trainer restarts
     net: GrowableNet | None = None
 
     def __init__(self, cfg: RunConfig, run_name: str, reserved: Any = None, say: Any = None):
@@ -178,38 +180,32 @@ class DDPEngine:
         self._current()
         return dict(self.sums)
 
-    def save(self, ckpt_dir: str) -> list[dict[str, Any]]:
+    def save(self, store: CheckpointStore, ckpt_dir: str) -> list[dict[str, Any]]:
         """The newest Ray Train checkpoint's shards, copied into the loop's checkpoint `ckpt_dir`."""
-        from growpipe.checkpoint import copy_shards
-
         state = self._current()
-        copy_shards(state["fs"], state["path"], state["shards"], self._store().fs, ckpt_dir)
+        copy_shards(state["fs"], state["path"], state["shards"], store.fs, ckpt_dir)
         return list(state["shards"])
-
-    def _store(self) -> Any:
-        from growpipe.checkpoint import CheckpointStore
-
-        return CheckpointStore(self.cfg.checkpoint.uri, self.run_name)
 
     def layout(self) -> dict[str, Any]:
         return {}
 
-    def restore(self, ckpt_dir: str, shards: list[dict[str, Any]]) -> None:
+    def restore(self, store: CheckpointStore, ckpt_dir: str, shards: list[dict[str, Any]]) -> None:
         self.frozen = 0  # the restored states carry their frozen flags
-        self.start = {"fs": self._store().fs, "path": ckpt_dir, "shards": shards}
+        self.start = {"fs": store.fs, "path": ckpt_dir, "shards": shards}
         self._changed("restore")
         self.current = True
 
-    def recover(self, specs: list[BlockSpec], layout: dict[str, Any] | None) -> str:
+    def recover(self, specs: list[BlockSpec], layout: Layout | None) -> str:
         self._end()
         self.open(layout)
         return self.build(specs, layout)
 
     def final_states(self) -> list[dict[str, Any]]:
-        from growpipe.checkpoint import load_states
-
         state = self._current()
         return load_states(state["fs"], state["path"], state["shards"], [t["index"] for t in self.layers])
+
+    def topology(self) -> None:
+        return None  # Ray Train places and replaces the workers
 
     def position(self) -> tuple[int, int] | None:
         return None

@@ -20,6 +20,7 @@ from growpipe.config import RunConfig
 from growpipe.data.batches import micro_slices
 from growpipe.errors import ConfigError
 from growpipe.loop.engine import EpochPart, Poll, Prepared
+from growpipe.loop.topology import Layout
 from growpipe.nn.specs import BlockSpec
 from growpipe.runtime.async_bp import AsyncBPStage, check_1f1b, submit_epoch
 from growpipe.runtime.bp_stage import BPStage
@@ -53,7 +54,6 @@ class BPPipelineEngine(StageEngine):
         self.one_f_one_b = cfg.runtime.bp_schedule == "1f1b"
         self.actor_class = AsyncBPStage if self.one_f_one_b else BPStage
         self.name = f"ray-{cfg.runtime.bp_schedule}"
-        self.pauses_mid_epoch = not self.one_f_one_b
         self.n = 0
         self._position = (0, 0)
 
@@ -173,7 +173,10 @@ class BPPipelineEngine(StageEngine):
     def cache_prefix(self) -> dict[str, Any] | None:
         return None  # BP's frozen stages forward every batch (no prefix cache for pipelined BP)
 
-    def recover(self, specs: list[BlockSpec], layout: dict[str, Any] | None) -> str:
+    def topology(self) -> None:
+        return None  # the BP stages are replaced in their bundles as they were: no packing, no shrinking
+
+    def recover(self, specs: list[BlockSpec], layout: Layout | None) -> str:
         old = self.slots
         self._kill_all()
         for slot in old[len(specs) :]:

@@ -16,6 +16,7 @@ from typing import Any
 import ray
 from ray.util.placement_group import placement_group_table
 
+from growpipe.checkpoint import CheckpointStore
 from growpipe.errors import PipelineError
 from growpipe.loop.engine import EpochPart, Poll, Prepared
 from growpipe.loop.policies import pack_host
@@ -31,7 +32,6 @@ class PipelineEngine(StageEngine):
 
     actor_class = Stage
     name = "ray"
-    pauses_mid_epoch = True
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -184,11 +184,11 @@ class PipelineEngine(StageEngine):
         return {"block": k, "samples": n, "where": where, "seconds": time.perf_counter() - start}
 
     # ---- state ----------------------------------------------------------------------------------------
-    def restore(self, ckpt_dir: str, shards: list[dict[str, Any]]) -> None:
-        super().restore(ckpt_dir, shards)
+    def restore(self, store: CheckpointStore, ckpt_dir: str, shards: list[dict[str, Any]]) -> None:
+        super().restore(store, ckpt_dir, shards)
         self.source = 0
 
-    def recover(self, specs: list[BlockSpec], layout: Layout | dict[str, Any] | None) -> str:
+    def recover(self, specs: list[BlockSpec], layout: Layout | None) -> str:
         """Replace every stage actor (blocks grown after the checkpoint are dropped) as `layout` says: each
         block in its own actor in its home bundle (spread), or packed after another block (shrunk: its
         home is gone); then build `specs` again."""
@@ -196,7 +196,7 @@ class PipelineEngine(StageEngine):
         self._kill_all()
         for slot in self.slots[len(specs) :]:  # grown after the checkpoint: that growth is undone
             self._discard(slot)
-        if not isinstance(layout, Layout):
+        if layout is None:
             layout = Layout.spread([o.host if o.home is None else None for o in old])
         self.slots = []
         for i, o in enumerate(old):

@@ -122,19 +122,17 @@ class StageBase:
         return cpu_copy(self._block(index).state_dict())
 
     # ---- checkpoints ----------------------------------------------------------------------------------
-    def save_shard(self, ckpt_dir: str, index: int | None = None) -> dict[str, Any]:
-        """Write a block's state into checkpoint `ckpt_dir`; return the manifest's entry for it."""
+    def save_shard(self, store: CheckpointStore, ckpt_dir: str, index: int | None = None) -> dict[str, Any]:
+        """Write a block's state into checkpoint `ckpt_dir` of the run's `store`; return the manifest's entry."""
         block = self._block(index)
-        return self._store().write_shard(ckpt_dir, {block.index: self.state_dict(block.index)}, block_file(block.index))
+        return store.write_shard(ckpt_dir, {block.index: self.state_dict(block.index)}, block_file(block.index))
 
-    def restore(self, ckpt_dir: str, shards: list[dict[str, Any]], index: int | None = None) -> None:
-        """Load a block's state from checkpoint `ckpt_dir` (hash-checked, weights_only)."""
+    def restore(self, store: CheckpointStore, ckpt_dir: str, shards: list[dict[str, Any]],
+                index: int | None = None) -> None:  # fmt: skip
+        """Load a block's state from checkpoint `ckpt_dir` of `store` (hash-checked, weights_only)."""
         block = self._block(index)
-        block.load_state_dict(self._store().load_block(ckpt_dir, shards, block.index))
+        block.load_state_dict(store.load_block(ckpt_dir, shards, block.index))
         block.to(self.device)
-
-    def _store(self) -> CheckpointStore:
-        return CheckpointStore(self.cfg.checkpoint.uri, self.cfg.name, self.cfg.checkpoint.keep)
 
     # ---- evaluation and inference: the splits stream through the stages, nothing gathers the net -------
     def decoders(self) -> list[Any]:

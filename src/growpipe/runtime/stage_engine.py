@@ -11,6 +11,7 @@ from typing import Any
 import ray
 from ray.util.placement_group import placement_group_table, remove_placement_group
 
+from growpipe.checkpoint import CheckpointStore
 from growpipe.config import RunConfig
 from growpipe.errors import PipelineError, StageLostError
 from growpipe.loop.engine import Prepared, WorkerLost
@@ -49,6 +50,7 @@ class StageEngine:
 
     actor_class: Any = None
     stage_table = True
+    places_while_training = True  # a grown block is built in an actor of its own
     net: GrowableNet | None = None
 
     def __init__(self, cfg: RunConfig, run_name: str, reserved: tuple[Any, int] | None = None, say: Any = None):
@@ -219,8 +221,8 @@ class StageEngine:
         sums = self._get_all([s.handle.checksum.remote(s.index) for s in self.slots], "checksumming the blocks")
         return {s.index: v for s, v in zip(self.slots, sums, strict=True)}
 
-    def save(self, ckpt_dir: str) -> list[dict[str, Any]]:
-        return self._get_all([s.handle.save_shard.remote(ckpt_dir, s.index) for s in self.slots],
+    def save(self, store: CheckpointStore, ckpt_dir: str) -> list[dict[str, Any]]:
+        return self._get_all([s.handle.save_shard.remote(store, ckpt_dir, s.index) for s in self.slots],
                              "writing a checkpoint")  # fmt: skip
 
     def layout(self) -> dict[str, Any]:
@@ -228,8 +230,8 @@ class StageEngine:
         is saved as spread: a resume places it at home again."""
         return {"hosts": [s.host if s.home is None else None for s in self.slots]}
 
-    def restore(self, ckpt_dir: str, shards: list[dict[str, Any]]) -> None:
-        self._get_all([s.handle.restore.remote(ckpt_dir, shards, s.index) for s in self.slots],
+    def restore(self, store: CheckpointStore, ckpt_dir: str, shards: list[dict[str, Any]]) -> None:
+        self._get_all([s.handle.restore.remote(store, ckpt_dir, shards, s.index) for s in self.slots],
                       "restoring the blocks from the checkpoint")  # fmt: skip
 
     def final_states(self) -> list[dict[str, Any]]:
