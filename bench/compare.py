@@ -97,9 +97,9 @@ class Method:
 
 METHODS = {
     "bp": Method("BP, single process", "bp"),
-    "ddp": Method("BP, data-parallel (Ray Train DDP)", "bp", ("runtime.bp_schedule=ddp",)),
-    "gpipe": Method("BP, GPipe (stage actors)", "bp", ("runtime.bp_schedule=gpipe",)),
-    "1f1b": Method("BP, async 1F1B + SpecTrain", "bp", ("runtime.bp_schedule=1f1b", "runtime.spectrain=true")),
+    "ddp": Method("BP, data-parallel (Ray Train DDP)", "bp", ("runtime.engine=ddp",)),
+    "gpipe": Method("BP, GPipe (stage actors)", "bp", ("runtime.engine=gpipe",)),
+    "1f1b": Method("BP, async 1F1B + SpecTrain", "bp", ("runtime.engine=1f1b", "bp_pipeline.spectrain=true")),
     "al": Method("AL (Ray pipeline)", "al"),
     "scpl": Method("SCPL (Ray pipeline)", "scpl"),
     "dascpl": Method("DASCPL (Ray pipeline)", "dascpl"),
@@ -125,7 +125,7 @@ def train(method: str, cfg: RunConfig, k: int) -> dict[str, Any]:
     if method == "torch-gpipe":
         from torch_gpipe import train_torch_gpipe
 
-        return train_torch_gpipe(cfg, k, cfg.runtime.micro_batches)
+        return train_torch_gpipe(cfg, k, cfg.bp_pipeline.micro_batches)
     from growpipe.api import train as train_run  # every other method: one engine each, the same run loop
 
     return train_run(cfg, "local" if method == "bp" else "ray", progress=None).result

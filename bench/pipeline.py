@@ -35,7 +35,7 @@ from growpipe.nn.specs import InputInfo
 
 K = 2
 GROUPS = (1, 2)
-"""runtime.packets_per_call values the full run measures (c) with (the faster is reported); --quick: 1."""
+"""pipeline.packets_per_call values the full run measures (c) with (the faster is reported); --quick: 1."""
 
 
 def bench_config(
@@ -57,7 +57,8 @@ def bench_config(
             "net": {"backbone": "mlp", "blocks": K, "widths": list(widths), "layers_per_block": 2},
             "scpl": {"projector": "linear", "proj_dim": 128},
             "train": {"epochs": epochs},
-            "runtime": {"window": 4, "cpus_per_stage": 1, "timeline_epoch": 0, "dashboard": False},
+            "runtime": {"cpus_per_stage": 1, "timeline_epoch": 0, "dashboard": False},
+            "pipeline": {"window": 4},
             "tracking": {"mlflow": False},  # a benchmark measures, it does not record runs
             "checkpoint": {"enabled": False},
         }
@@ -125,8 +126,8 @@ def run_bp_threads(cfg: RunConfig) -> float:
 def run_ray(cfg: RunConfig, packets_per_call: int) -> dict[str, Any]:
     from growpipe.runtime.pipeline import Pipeline
 
-    runtime = cfg.runtime.model_copy(update={"packets_per_call": packets_per_call})
-    with Pipeline(cfg.model_copy(update={"runtime": runtime})) as p:
+    pipeline = cfg.pipeline.model_copy(update={"packets_per_call": packets_per_call})
+    with Pipeline(cfg.model_copy(update={"pipeline": pipeline})) as p:
         result = p.train(progress=None)
     return {
         "samples_per_second": median_rate(result["history"]),

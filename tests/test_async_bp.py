@@ -27,7 +27,7 @@ def test_1f1b_order_runs_k_minus_i_minus_1_ahead_and_alternates():
 def _cfg(**runtime):
     return tiny_config(
         name=f"1f1b-{runtime.get('spectrain', False)}", method="bp", threads=1,
-        net={"blocks": 3, "width": 64}, train={"epochs": 6}, runtime={"bp_schedule": "1f1b", **runtime},
+        net={"blocks": 3, "width": 64}, train={"epochs": 6}, runtime={"engine": "1f1b"}, bp_pipeline=runtime,
     )  # fmt: skip
 
 
@@ -51,6 +51,6 @@ def test_1f1b_needs_a_micro_batch_per_stage_refused_before_ray(monkeypatch: pyte
 
     monkeypatch.setattr(growpipe.runtime.pipeline, "connect", no_ray)
     cfg = tiny_config(method="bp", net={"blocks": 3}, data={"limit_train": 100, "batch_size": 64},
-                      runtime={"bp_schedule": "1f1b"})  # fmt: skip
+                      runtime={"engine": "1f1b"})  # fmt: skip
     with pytest.raises(ConfigError, match="an epoch has 2 batch\\(es\\) for 3 stages"):
         train(cfg, progress=None)

@@ -18,7 +18,8 @@ from tests.test_runtime import _assert_same_weights
 def _base(name: str, schedule: str) -> dict:
     return {"name": name, "method": "bp", "threads": 1, "net": {"blocks": 2, "width": 32}, "train": {"epochs": 1},
             "data": {"limit_train": 256, "batch_size": 64},
-            "runtime": {"bp_schedule": schedule, "micro_batches": 2, "ddp_workers": 2, "timeline_epoch": 0},
+            "runtime": {"engine": schedule, "timeline_epoch": 0},
+            **({"ddp": {"workers": 2}} if schedule == "ddp" else {"bp_pipeline": {"micro_batches": 2}}),
             "grow": {"schedule": [{"kind": "layer", "epochs": 1}]}}  # fmt: skip
 
 

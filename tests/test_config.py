@@ -22,8 +22,30 @@ def test_empty_config_is_valid_defaults():
         ({"net": {"blocks": 2, "widths": [64, 64, 64]}}, "net: widths has 3 entries but blocks is 2"),
         ({"grow": {"schedule": [{"kind": "feature", "group": "chunk9"}]}}, "unknown feature group 'chunk9'"),
         ({"trian": {}}, "trian: unknown field"),
-        ({"runtime": {"window": 2, "packets_per_call": 4}}, "runtime: packets_per_call (4) is more than window (2)"),
+        ({"pipeline": {"window": 2, "packets_per_call": 4}}, "pipeline: packets_per_call (4) is more than window (2)"),
         ({"runtime": {"on_lost_node": "retry"}}, "runtime.on_lost_node: got 'retry'"),
+        ({"runtime": {"engine": "pipedream"}}, "runtime.engine: got 'pipedream'"),
+        (
+            {"method": "bp", "runtime": {"engine": "ddp"}, "pipeline": {"window": 2}},
+            "pipeline.window: applies to runtime.engine pipeline, and this run's engine is ddp; remove it",
+        ),
+        (
+            {"method": "bp", "ddp": {"workers": 2}},
+            "ddp.workers: applies to runtime.engine ddp, and this run's engine is gpipe",
+        ),
+        ({"method": "al", "runtime": {"engine": "1f1b"}}, "runtime.engine: 1f1b is BP on Ray (method bp)"),
+        ({"method": "bp", "runtime": {"engine": "pipeline"}}, "method bp takes gpipe, 1f1b or ddp"),
+        (
+            {
+                "method": "bp",
+                "runtime": {"engine": "1f1b"},
+                "bp_pipeline": {"spectrain": True},
+                "ddp": {"min_workers": 1},
+            },
+            "ddp.min_workers: applies to runtime.engine ddp",
+        ),
+        ({"runtime": {"window": 4}}, "runtime: window moved to pipeline.window; set pipeline.window instead"),
+        ({"runtime": {"bp_schedule": "ddp"}}, "bp_schedule moved to runtime.engine (gpipe, 1f1b or ddp)"),
         ({"runtime": {"placement_timeout_s": 0}}, "runtime.placement_timeout_s:"),
     ],
 )
@@ -31,6 +53,25 @@ def test_bad_fields_name_the_field_and_the_fix(raw, needle):
     with pytest.raises(ConfigError) as e:
         build_config(raw)
     assert needle in str(e.value)
+
+
+def test_the_engine_is_chosen_in_one_place():
+    assert build_config({}).engine() == "pipeline" and build_config({"method": "bp"}).engine() == "gpipe"
+    assert build_config({"method": "bp", "runtime": {"engine": "ddp"}, "ddp": {"workers": 3}}).engine() == "ddp"
+
+
+def test_a_setting_of_another_engine_is_one_line_exit_2_from_the_cli_and_an_error_from_the_api(capsys):
+    from growpipe.api import train
+    from growpipe.cli import main
+
+    args = ["train", "--set", "method=bp", "--set", "runtime.engine=ddp", "--set", "pipeline.window=2"]
+    assert main(args) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert any("pipeline.window: applies to runtime.engine pipeline, and this run's engine is ddp" in e for e in err)
+    with pytest.raises(ConfigError, match="pipeline.window: applies to runtime.engine pipeline"):
+        train({"method": "bp", "runtime": {"engine": "ddp"}, "pipeline": {"window": 2}}, runtime="local")
+    with pytest.raises(ConfigError, match="runtime.engine: got 'pipedream'"):
+        train({"method": "bp", "runtime": {"engine": "pipedream"}}, runtime="local")
 
 
 def test_all_errors_are_reported_together():

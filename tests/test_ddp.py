@@ -13,7 +13,7 @@ from tests.conftest import tiny_config
 @pytest.mark.usefixtures("ray_session")
 def test_ray_train_ddp_tracks_single_process_bp():
     cfg = tiny_config(name="ddp", method="bp", threads=1, net={"blocks": 2, "width": 64}, train={"epochs": 2},
-                      runtime={"bp_schedule": "ddp", "ddp_workers": 2})  # fmt: skip
+                      runtime={"engine": "ddp"}, ddp={"workers": 2})  # fmt: skip
     bp = train_local(cfg, progress=None)
     lines: list[str] = []
     run = train(cfg, progress=lines.append, keep_net=True)

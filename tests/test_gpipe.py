@@ -32,7 +32,7 @@ def test_gpipe_grows_checkpoints_and_resumes_like_single_process_bp(tmp_path):
     from growpipe.checkpoint import CheckpointStore
 
     base = {"name": "gpipe-grow", "method": "bp", "threads": 1, "net": {"blocks": 2, "width": 32},
-            "train": {"epochs": 1}, "data": {"limit_train": 256, "batch_size": 64}, "runtime": {"micro_batches": 3},
+            "train": {"epochs": 1}, "data": {"limit_train": 256, "batch_size": 64}, "bp_pipeline": {"micro_batches": 3},
             "grow": {"schedule": [{"kind": "layer", "epochs": 1}]}}  # fmt: skip
     reference = train_local(tiny_config(**base), progress=None)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

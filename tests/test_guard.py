@@ -189,7 +189,7 @@ def test_pipelined_bp_skips_a_non_finite_mini_batch_on_every_stage_or_stops_on_i
     from growpipe.runtime.bp_stage import BPStage
 
     cfg = tiny_config(method="bp", threads=1, train={"on_nonfinite": "skip_batch"},
-                      runtime={"bp_schedule": schedule, "micro_batches": 2})  # fmt: skip
+                      runtime={"engine": schedule}, bp_pipeline={"micro_batches": 2})  # fmt: skip
     one_f_one_b = schedule == "1f1b"
     threads = torch.get_num_threads()
     try:  # a stage sets torch's threads to runtime.cpus_per_stage
@@ -267,7 +267,7 @@ def test_gpipe_skips_like_single_process_bp_and_stops_once_an_epoch_learns_nothi
     from growpipe.api import train
     from growpipe.errors import PipelineError
 
-    cfg = tiny_config(name="gpipe-skips", method="bp", threads=1, runtime={"micro_batches": 2},
+    cfg = tiny_config(name="gpipe-skips", method="bp", threads=1, bp_pipeline={"micro_batches": 2},
                       train={"epochs": 2, "lr": 1e20, "on_nonfinite": "skip_batch"})  # fmt: skip
     runs = {}
     for runtime in ("local", "ray"):

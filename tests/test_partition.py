@@ -60,7 +60,7 @@ def test_bad_requests_are_refused_before_anything_runs():
 
 
 def test_measuring_data_parallel_bp_is_refused_before_profiling(capsys):
-    args = ["partition", "--set", "method=bp", "--set", "runtime.bp_schedule=ddp", "--stages", "2", "--measure"]
+    args = ["partition", "--set", "method=bp", "--set", "runtime.engine=ddp", "--stages", "2", "--measure"]
     assert main(args) == 2
     err = capsys.readouterr()
     assert "ddp is data-parallel and has no stages to measure; use gpipe or 1f1b" in err.err

@@ -35,7 +35,7 @@ def test_bf16_learns_like_fp32_keeps_fp32_weights_and_hands_on_bfloat16(method):
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_pipelined_bp_trains_in_bf16_like_single_process_bp(schedule):
     cfg = tiny_config(method="bp", threads=1, train={"epochs": 4, "precision": "bf16"},
-                      runtime={"bp_schedule": schedule, "micro_batches": 2})  # fmt: skip
+                      runtime={"engine": schedule}, bp_pipeline={"micro_batches": 2})  # fmt: skip
     reference = train_local(cfg, progress=None).result["test_accuracy"]
     result = train(cfg, progress=None, keep_net=False).result
     assert abs(result["test_accuracy"] - reference) <= 0.03, (result["test_accuracy"], reference)

@@ -22,7 +22,7 @@ def _small(method: str, window: int, **extra):
         "data": {"limit_train": 320, "batch_size": 32},
         "net": {"width": 32},
         "train": {"epochs": 2},
-        "runtime": {"window": window},
+        "pipeline": {"window": window},
     }
     return tiny_config(**deep_merge(base, extra))
 
@@ -74,7 +74,7 @@ def test_pipeline_matches_reference_trainer(method, window, read, precision, dig
 
 def test_grouped_calls_stay_exact_and_within_the_window():
     # 11 batches: groups of 2 leave one packet that only the end-of-epoch flush sends
-    cfg = _small("scpl", 3, data={"limit_train": 352}, net={"blocks": 3}, runtime={"packets_per_call": 2})
+    cfg = _small("scpl", 3, data={"limit_train": 352}, net={"blocks": 3}, pipeline={"packets_per_call": 2})
     reference = train_local(cfg, progress=None)
     with Pipeline(cfg) as p:
         result = p.train(progress=None)

@@ -165,7 +165,7 @@ def _check_exported(series: dict[tuple[str, tuple], float], result: dict) -> Non
 
     assert set(of("utilisation")) == set(of("samples_per_second")) == set(of("inflight_packets")) == {0, 1, 2}
     assert all(0 < u <= 1 for u in of("utilisation").values()) and all(v > 0 for v in of("samples_per_second").values())
-    window = result["config"]["runtime"]["window"]
+    window = result["config"]["pipeline"]["window"]
     assert 1 <= of("inflight_packets")[0] <= window and of("inflight_packets")[2] == 0  # the last stage sends nothing
     assert set(of("hop_ms")) == {1} and of("hop_ms")[1] >= 0  # stage 2 only ever streamed from its prefix cache
     assert {dict(k)["run"] for _, k in series} == {run}

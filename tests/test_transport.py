@@ -1,4 +1,4 @@
-"""runtime.transport: the backend decision, the refusals before Ray starts, packets split for a direct transport,
+"""pipeline.transport: the backend decision, the refusals before Ray starts, packets split for a direct transport,
 and one Ray run whose activations go by gloo (Ray Direct Transport) ending with the reference trainer's weights."""
 
 import pytest
@@ -34,32 +34,30 @@ def test_backend_follows_the_setting_and_the_stage_gpus(setting, method, device,
 @pytest.mark.parametrize(
     ("sections", "needle"),
     [
-        ({"runtime": {"transport": "nccl", "gpus_per_stage": 0}}, "nccl sends tensors between GPUs but "
+        ({"pipeline": {"transport": "nccl"}, "runtime": {"gpus_per_stage": 0}}, "nccl sends tensors between GPUs but "
          "runtime.gpus_per_stage is 0; use gloo between CPU stages"),
-        ({"runtime": {"transport": "nccl"}, "device": "cpu"}, "nccl sends tensors between GPUs but device is cpu"),
-        ({"runtime": {"transport": "nccl", "gpus_per_stage": 0.5}}, "nccl needs a whole GPU per stage"),
-        ({"runtime": {"transport": "gloo"}, "method": "bp"}, "method bp on Ray hands its tensors through the "
-         "object store: set runtime.transport: object_store"),
+        ({"pipeline": {"transport": "nccl"}, "device": "cpu"}, "nccl sends tensors between GPUs but device is cpu"),
+        ({"pipeline": {"transport": "nccl"}, "runtime": {"gpus_per_stage": 0.5}}, "nccl needs a whole GPU per stage"),
     ],
 )  # fmt: skip
 def test_a_transport_the_config_cannot_use_is_one_line(sections, needle):
     why = transport_problem(tiny_config(**sections))
     assert why is not None and needle in why and "\n" not in why
-    assert why.startswith("runtime.transport: ")
+    assert why.startswith("pipeline.transport: ")
 
 
-@pytest.mark.parametrize("sections", [{"runtime": {"transport": t}} for t in ("object_store", "auto", "gloo")])
+@pytest.mark.parametrize("sections", [{"pipeline": {"transport": t}} for t in ("object_store", "auto", "gloo")])
 def test_usable_transports_pass(sections):
     assert transport_problem(tiny_config(**sections)) is None
 
 
 def test_nccl_without_gpus_exits_2_before_ray_starts(capsys):
     was_up = ray.is_initialized()
-    args = ["train", "--set", "runtime.transport=nccl", "--set", "runtime.gpus_per_stage=0", "--set",
+    args = ["train", "--set", "pipeline.transport=nccl", "--set", "runtime.gpus_per_stage=0", "--set",
             "tracking.mlflow=false", "--set", "checkpoint.enabled=false"]  # fmt: skip
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert "runtime.transport: nccl sends tensors between GPUs but runtime.gpus_per_stage is 0" in err
+    assert "pipeline.transport: nccl sends tensors between GPUs but runtime.gpus_per_stage is 0" in err
     assert ray.is_initialized() == was_up
 
 
@@ -87,7 +85,7 @@ def test_gloo_pipeline_matches_the_reference_trainer_through_growth():
     three actors; every stage after the first got its tensors by gloo."""
     cfg = tiny_config(name="transport-gloo", method="al", threads=1, data={"limit_train": 320, "batch_size": 32},
                       net={"width": 32}, train={"epochs": 2}, grow={"every_epochs": 1, "max_blocks": 3},
-                      runtime={"transport": "gloo", "packets_per_call": 2, "window": 4})  # fmt: skip
+                      pipeline={"transport": "gloo", "packets_per_call": 2, "window": 4})  # fmt: skip
     reference = train_local(cfg, progress=None)
     with Pipeline(cfg) as p:
         result = p.train(progress=None)

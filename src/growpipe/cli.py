@@ -387,8 +387,8 @@ def _cmd_partition(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.overrides)
     _check_outputs({"--write": (args.write, "yaml"), "--json-out": (args.json_out, "json")})
-    if args.measure and cfg.method == "bp" and cfg.runtime.bp_schedule == "ddp":
-        raise ConfigError("runtime.bp_schedule: ddp is data-parallel and has no stages to measure; "
+    if args.measure and cfg.engine() == "ddp":
+        raise ConfigError("runtime.engine: ddp is data-parallel and has no stages to measure; "
                           "use gpipe or 1f1b with --measure")  # fmt: skip
     report = plan_partition(cfg, args.stages, args.memory_mb)
     part: Any = report.pop("config")
@@ -402,7 +402,7 @@ def _cmd_partition(args: argparse.Namespace) -> int:
         from growpipe.api import train
 
         quick = part.model_copy(update={"train": part.train.model_copy(update={"epochs": 1})})
-        stages = train(quick, progress=None).result["stages"]  # bp: GPipe or 1F1B (runtime.bp_schedule)
+        stages = train(quick, progress=None).result["stages"]  # bp: GPipe or 1F1B (runtime.engine)
         bs = part.data.batch_size
         for s in stages:
             measured[s["stage"]] = 1000 * s["busy_s"] / max(s["samples"] / bs, 1)

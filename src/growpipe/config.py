@@ -485,69 +485,111 @@ class EvalSpec(_Strict):
         return v
 
 
-class RuntimeSpec(_Strict):
-    """The Ray pipeline: one actor per block, packets handed from actor to actor."""
+class PipelineSpec(_Strict):
+    """runtime.engine pipeline (the local rules al, scpl, dascpl): one actor per block, packets handed from
+    actor to actor."""
 
     window: int = Field(4, ge=1, le=1024)
     """Packets a stage keeps in flight to the next stage before it waits (backpressure)."""
     packets_per_call: int = Field(1, ge=1, le=64)
     """Packets a stage hands to the next in one actor call: each call costs about 2 ms here, so grouping
     amortises it; a stage then starts a group only once the previous stage finished all of it."""
-    inline_kb: int = Field(2048, ge=0)
-    """Embedded Ray only: arguments up to this size travel inside the actor call instead of through the
-    object store (Ray's max_direct_call_object_size; on a cluster set RAY_max_direct_call_object_size on
-    `ray start`)."""
     transport: Literal["object_store", "auto", "gloo", "nccl"] = "object_store"
-    """How the local-learning pipeline's stages hand their activations on: object_store (inside the actor call
-    or through Ray's object store, the default), or by Ray Direct Transport straight from actor to actor over a
-    collective group: gloo (tensors through host memory, tested on CPU), nccl (GPU to GPU, a whole GPU per
-    stage, cupy on the GPU nodes; not tested here); auto: nccl when every stage has a whole GPU, else
-    object_store. On one machine the default is faster (numpy through shared memory, bench/RESULTS.md); method
-    bp takes object_store or auto only. See docs/running.md."""
-    cpus_per_stage: float = Field(1.0, gt=0)
-    """CPUs each stage actor reserves (and torch threads it uses) when it runs without a GPU."""
-    gpus_per_stage: float | None = Field(None, ge=0)
-    """GPUs per stage; default: 1 when the cluster has GPUs, else 0."""
-    placement: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
-    """Placement-group strategy for the stages across nodes."""
-    num_cpus: int | None = Field(None, ge=1)
-    """Embedded Ray only: logical CPUs to start it with (default: enough for every block the run will have)."""
-    dashboard: bool = True
-    """Embedded Ray only: start the Ray dashboard (on 127.0.0.1; its address is printed at the start). It also
-    serves Ray's State API: without it Ray Train (bp_schedule ddp) keeps logging that it cannot reach it."""
-    placement_timeout_s: float = Field(120.0, gt=0)
-    """Longest wait for resources to place a stage (at the start and on growth) before failing."""
-    stage_timeout_s: float = Field(300.0, gt=0)
-    """Longest wait for one packet downstream or one control call before the run fails."""
-    timeline_epoch: int = Field(1, ge=0)
-    """Epoch whose per-stage timeline is recorded as a Chrome trace (0: none)."""
-    micro_batches: int = Field(4, ge=1, le=1024)
-    """method bp on Ray (GPipe): micro-batches per mini-batch; each stage works on one while the next
-    stage works on the one before."""
-    bp_schedule: Literal["gpipe", "1f1b", "ddp"] = "gpipe"
-    """method bp on Ray: gpipe (synchronous, one update per mini-batch), 1f1b (asynchronous, no flush, an
-    update per mini-batch on each stage as soon as its backward is done) or ddp (no pipeline: data-parallel
-    replicas through Ray Train)."""
-    ddp_workers: int | None = Field(None, ge=1)
-    """bp_schedule ddp: Ray Train workers (default: net.blocks, the resources a pipeline would use)."""
-    spectrain: bool = False
-    """bp_schedule 1f1b: SpecTrain weight prediction instead of weight stashing."""
-    on_lost_node: Literal["shrink", "wait", "fail"] = "shrink"
-    """When a stage's node is lost and its bundle cannot be placed again within placement_timeout_s: shrink
-    (its blocks run packed into the surviving stage actors; they spread out again at an epoch boundary once
-    capacity returns), wait (for capacity, however long), or fail (the run ends; --resume goes on later)."""
-    max_stage_restarts: int = Field(3, ge=0)
-    """A stage actor that dies is replaced and the run rolls back to its last checkpoint, up to this many
-    times per run (needs checkpoint.enabled); then the run fails."""
+    """How the stages hand their activations on: object_store (inside the actor call or through Ray's object
+    store, the default), or by Ray Direct Transport straight from actor to actor over a collective group: gloo
+    (tensors through host memory, tested on CPU), nccl (GPU to GPU, a whole GPU per stage, cupy on the GPU
+    nodes; not tested here); auto: nccl when every stage has a whole GPU, else object_store. On one machine
+    the default is faster (numpy through shared memory, bench/RESULTS.md). See docs/running.md."""
 
     @model_validator(mode="after")
-    def _group_fits_window(self) -> RuntimeSpec:
+    def _group_fits_window(self) -> PipelineSpec:
         if self.packets_per_call > self.window:
             raise ValueError(
                 f"packets_per_call ({self.packets_per_call}) is more than window ({self.window}); "
                 "raise window or lower packets_per_call"
             )
         return self
+
+
+class BPPipelineSpec(_Strict):
+    """runtime.engine gpipe or 1f1b (method bp): the blocks on stage actors, BP through them."""
+
+    micro_batches: int = Field(4, ge=1, le=1024)
+    """gpipe: micro-batches per mini-batch; each stage works on one while the next stage works on the one
+    before."""
+    spectrain: bool = False
+    """1f1b: SpecTrain weight prediction instead of weight stashing."""
+
+
+class DDPSpec(_Strict):
+    """runtime.engine ddp (method bp): replicas of the whole net on Ray Train workers."""
+
+    workers: int | None = Field(None, ge=1)
+    """Ray Train workers (default: net.blocks, the resources a pipeline would use)."""
+    min_workers: int | None = Field(None, ge=1)
+    """Elastic training: Ray Train runs with as few as this many workers while the cluster has no room for
+    `workers` and scales up when it does (None: a fixed number). The global mini-batch stays data.batch_size,
+    split over the workers there are."""
+
+
+ENGINES = ("pipeline", "gpipe", "1f1b", "ddp")
+"""The Ray engines: the local-learning pipeline, and for method bp GPipe, 1F1B or data-parallel Ray Train."""
+
+MOVED_RUNTIME_FIELDS = {"window": "pipeline.window", "packets_per_call": "pipeline.packets_per_call",
+                        "transport": "pipeline.transport", "micro_batches": "bp_pipeline.micro_batches",
+                        "spectrain": "bp_pipeline.spectrain", "ddp_workers": "ddp.workers",
+                        "bp_schedule": "runtime.engine"}  # fmt: skip
+"""Settings that moved out of runtime into the section of the engine they belong to."""
+
+
+class RuntimeSpec(_Strict):
+    """How the run uses Ray, whatever the engine."""
+
+    engine: Literal["auto", "pipeline", "gpipe", "1f1b", "ddp"] = "auto"
+    """The Ray engine: pipeline (the local rules al, scpl, dascpl: one stage actor per block, section
+    `pipeline`), gpipe (method bp, synchronous, one update per mini-batch) or 1f1b (asynchronous, an update per
+    mini-batch on each stage as soon as its backward is done; both section `bp_pipeline`), ddp (method bp
+    data-parallel on Ray Train, section `ddp`); auto: pipeline for the local rules, gpipe for bp. A setting
+    of another engine's section is refused. --runtime local (the reference trainer) ignores these sections."""
+    inline_kb: int = Field(2048, ge=0)
+    """Embedded Ray only: arguments up to this size travel inside the actor call instead of through the
+    object store (Ray's max_direct_call_object_size; on a cluster set RAY_max_direct_call_object_size on
+    `ray start`)."""
+    cpus_per_stage: float = Field(1.0, gt=0)
+    """CPUs each stage actor (or DDP worker) reserves (and torch threads it uses) when it runs without a GPU."""
+    gpus_per_stage: float | None = Field(None, ge=0)
+    """GPUs per stage actor or DDP worker; default: 1 when the cluster has GPUs, else 0."""
+    placement: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    """Placement-group strategy for the stages across nodes."""
+    num_cpus: int | None = Field(None, ge=1)
+    """Embedded Ray only: logical CPUs to start it with (default: enough for every block the run will have)."""
+    dashboard: bool = True
+    """Embedded Ray only: start the Ray dashboard (on 127.0.0.1; its address is printed at the start). It also
+    serves Ray's State API: without it Ray Train (engine ddp) keeps logging that it cannot reach it."""
+    placement_timeout_s: float = Field(120.0, gt=0)
+    """Longest wait for resources to place a stage (at the start and on growth) before failing."""
+    stage_timeout_s: float = Field(300.0, gt=0)
+    """Longest wait for one packet downstream or one control call before the run fails."""
+    timeline_epoch: int = Field(1, ge=0)
+    """Epoch whose per-stage timeline is recorded as a Chrome trace (0: none)."""
+    on_lost_node: Literal["shrink", "wait", "fail"] = "shrink"
+    """When a stage's node is lost and its bundle cannot be placed again within placement_timeout_s: shrink
+    (its blocks run packed into the surviving stage actors; they spread out again at an epoch boundary once
+    capacity returns), wait (for capacity, however long), or fail (the run ends; --resume goes on later)."""
+    max_stage_restarts: int = Field(3, ge=0)
+    """A stage actor that dies is replaced and the run rolls back to its last checkpoint, up to this many
+    times per run (needs checkpoint.enabled); then the run fails. Engine ddp: the failures Ray Train
+    recovers from on its own (FailureConfig.max_failures), from its newest checkpoint."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for old, new in MOVED_RUNTIME_FIELDS.items():
+                if old in data:
+                    raise ValueError(f"{old} moved to {new}" + (" (gpipe, 1f1b or ddp)" if old == "bp_schedule"
+                                                                 else "") + f"; set {new} instead")  # fmt: skip
+        return data
 
 
 class CheckpointSpec(_Strict):
@@ -625,7 +667,13 @@ class RunConfig(_Strict):
     eval: EvalSpec = EvalSpec()
     """Evaluation: exits and adaptive inference."""
     runtime: RuntimeSpec = RuntimeSpec()
-    """How the run uses Ray."""
+    """How the run uses Ray, and which engine."""
+    pipeline: PipelineSpec = PipelineSpec()
+    """The local-learning pipeline's settings (runtime.engine pipeline)."""
+    bp_pipeline: BPPipelineSpec = BPPipelineSpec()
+    """Pipelined BP's settings (runtime.engine gpipe or 1f1b)."""
+    ddp: DDPSpec = DDPSpec()
+    """Data-parallel BP's settings (runtime.engine ddp)."""
     tracking: TrackingSpec = TrackingSpec()
     """Where the run is recorded (MLflow)."""
     checkpoint: CheckpointSpec = CheckpointSpec()
@@ -648,6 +696,8 @@ class RunConfig(_Strict):
         least = self.net.blocks + len(self.grow.schedule)
         if self.grow.max_blocks is not None and self.grow.max_blocks < least:
             raise ValueError(f"grow.max_blocks ({self.grow.max_blocks}) is below the {least} blocks of the schedule")
+        if why := self.engine_problem():
+            raise ValueError(why)
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device: {self.device!r} is not auto, cpu, cuda or cuda:N")
         if self.data.augment and self.data.feature_groups.scheme != "none":
@@ -673,6 +723,36 @@ class RunConfig(_Strict):
     def rule(self) -> RuleSettings:
         """The settings nn/ builds blocks from."""
         return RuleSettings(method=self.method, seed=self.seed, optim=self.train, al=self.al, scpl=self.scpl)
+
+    def engine(self) -> str:
+        """The Ray engine this config runs on (runtime.engine; auto: pipeline for the local rules, gpipe for
+        bp). The one place it is chosen."""
+        if self.runtime.engine != "auto":
+            return self.runtime.engine
+        return "gpipe" if self.method == "bp" else "pipeline"
+
+    def engine_problem(self) -> str | None:
+        """Why the engine cannot run this method, or which other engine's section is set (None: fine)."""
+        engine = self.engine()
+        if (self.method == "bp") != (engine != "pipeline"):
+            if self.method == "bp":
+                return ("runtime.engine: pipeline trains the local rules (al, scpl, dascpl); method bp takes gpipe, "
+                        "1f1b or ddp")  # fmt: skip
+            return (f"runtime.engine: {engine} is BP on Ray (method bp); method {self.method} takes pipeline "
+                    "(or auto)")  # fmt: skip
+        owners = {"pipeline": ("pipeline",), "bp_pipeline": ("gpipe", "1f1b"), "ddp": ("ddp",)}
+        for section, engines in owners.items():
+            spec = getattr(self, section)
+            changed = [k for k, v in spec if v != type(spec).model_fields[k].default]
+            if changed and engine not in engines:
+                return (f"{section}.{changed[0]}: applies to runtime.engine {' or '.join(engines)}, and this run's "
+                        f"engine is {engine}; remove it")  # fmt: skip
+        if self.bp_pipeline.spectrain and engine == "gpipe":
+            return "bp_pipeline.spectrain: applies to runtime.engine 1f1b (GPipe has no stale weights); remove it"
+        if self.ddp.min_workers is not None and self.ddp.min_workers > (self.ddp.workers or self.net.blocks):
+            return (f"ddp.min_workers ({self.ddp.min_workers}) is more than ddp.workers "
+                    f"({self.ddp.workers or self.net.blocks}); lower it")  # fmt: skip
+        return None
 
     def max_blocks(self) -> int:
         """Most blocks the net may reach: grow.max_blocks, else once the whole schedule has run."""

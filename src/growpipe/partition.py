@@ -154,14 +154,14 @@ def profile_layers(cfg: RunConfig, steps: int = 7) -> tuple[list[LayerProfile], 
 
 def _step(block: Any, p: Packet, cfg: RunConfig) -> list[Packet]:
     """One training step of `block` as its pipeline runs it: the local rule's step, or for BP a forward and
-    backward per micro-batch (GPipe's runtime.micro_batches; 1F1B: the whole batch) and one update.
+    backward per micro-batch (GPipe's bp_pipeline.micro_batches; 1F1B: the whole batch) and one update.
     Returns the output of every micro-batch, in order."""
     if cfg.method != "bp":
         out, _ = block.train_step(p)
         return [out]
     from growpipe.data.batches import micro_slices
 
-    micro = cfg.runtime.micro_batches if cfg.runtime.bp_schedule == "gpipe" else 1
+    micro = cfg.bp_pipeline.micro_batches if cfg.engine() == "gpipe" else 1
     outs = []
     for part in micro_slices(p.batch_size, micro):  # contiguous, in order: the outputs concatenate back
         out = block.forward_with_grad(_rows(p, torch.as_tensor(part, device=p.x.device)))

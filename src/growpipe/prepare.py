@@ -80,8 +80,8 @@ share a core well; dozens of them on two cores only start workers that never get
 def logical_cpus_needed(cfg: RunConfig) -> int:
     """CPUs a run's workers reserve once it has grown to its largest (stage actors or DDP workers)."""
     workers = cfg.max_blocks()
-    if cfg.method == "bp" and cfg.runtime.bp_schedule == "ddp":
-        workers = max(workers, cfg.runtime.ddp_workers or cfg.net.blocks)
+    if cfg.engine() == "ddp":
+        workers = max(workers, cfg.ddp.workers or cfg.net.blocks)
     return math.ceil(workers * cfg.runtime.cpus_per_stage)
 
 

@@ -35,7 +35,7 @@ class StageStats:
     """From handing a packet on to the next stage starting it, queueing excluded (both times in the receiver's
     clock, see runtime/clocks.py)."""
     max_inflight: int = 0
-    """The most packets it had handed on that the next stage had not finished (runtime.window bounds it)."""
+    """The most packets it had handed on that the next stage had not finished (pipeline.window bounds it)."""
     sent_bytes: int = 0
     """Bytes of the activations it handed on to the next stage."""
     peak_rss_mb: float = 0.0

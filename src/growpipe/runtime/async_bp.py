@@ -1,5 +1,5 @@
 """Asynchronous 1F1B pipelined backprop (PipeDream style) on the stage actors, with weight stashing or
-SpecTrain weight prediction (method bp, runtime.bp_schedule: 1f1b).
+SpecTrain weight prediction (method bp, runtime.engine: 1f1b).
 
 Every mini-batch is a micro-batch with its own optimizer step, and there is no flush inside an epoch:
 stage i runs K-i-1 forwards ahead, then alternates one forward and one backward. Between the forward and
@@ -7,7 +7,7 @@ the backward of a micro-batch, stage i applies K-i-1 other updates, so its weigh
 
 - weight stashing: the forward runs on a copy of the weights of that moment and the backward on the same
   copy (the gradient is still applied to the live weights);
-- SpecTrain (`runtime.spectrain: true`): the forward and backward run on a prediction of the weights the
+- SpecTrain (`bp_pipeline.spectrain: true`): the forward and backward run on a prediction of the weights the
   live ones will have when the gradient is applied, W - s * (the optimizer's next step), s = K-i-1 steps
   ahead, the step taken from the optimizer's smoothed gradient (Adam's moments, or SGD's momentum).
 

@@ -174,8 +174,8 @@ class BPStage(StageBase):
         return stats
 
     def _micro_batches(self) -> int:
-        """Micro-batches a mini-batch is cut into (GPipe: runtime.micro_batches)."""
-        return self.cfg.runtime.micro_batches
+        """Micro-batches a mini-batch is cut into (GPipe: bp_pipeline.micro_batches)."""
+        return self.cfg.bp_pipeline.micro_batches
 
     def _read_epoch(self, epoch: int, start_batch: int) -> Generator[Batch, None, None]:
         return epoch_batches(self._data().train, self.cfg.data.batch_size, seed=self.cfg.seed, epoch=epoch,

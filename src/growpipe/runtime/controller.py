@@ -20,12 +20,12 @@ from growpipe.runtime import NAMESPACE
 
 
 def make_engine(cfg: RunConfig, run_name: str, reserved: tuple[Any, int] | None, say: Any) -> Engine:
-    """The Ray engine for a config: method bp by runtime.bp_schedule, the local-learning pipeline else."""
-    if cfg.method != "bp":
+    """The Ray engine the config names (RunConfig.engine)."""
+    if cfg.engine() == "pipeline":
         from growpipe.runtime.pipeline_engine import PipelineEngine
 
         return PipelineEngine(cfg, run_name, reserved, say)
-    if cfg.runtime.bp_schedule == "ddp":
+    if cfg.engine() == "ddp":
         from growpipe.runtime.ddp import DDPEngine
 
         return DDPEngine(cfg, run_name, reserved, say)

@@ -1,5 +1,5 @@
-"""Data-parallel BP on Ray Train as an Engine (method bp, runtime.bp_schedule: ddp), the baseline: the blocks
-as one network on `runtime.ddp_workers` Ray Train workers (TorchTrainer; DDP over gloo on CPUs, NCCL on GPUs),
+"""Data-parallel BP on Ray Train as an Engine (method bp, runtime.engine: ddp), the baseline: the blocks
+as one network on `ddp.workers` Ray Train workers (TorchTrainer; DDP over gloo on CPUs, NCCL on GPUs),
 each taking an even share of every global mini-batch (growpipe.runtime.ddp_worker).
 
 Ray Train keeps the books: every order that changes the weights ends in `ray.train.report(metrics,
@@ -41,7 +41,7 @@ class DDPEngine:
 
     def __init__(self, cfg: RunConfig, run_name: str, reserved: Any = None, say: Any = None):
         self.cfg, self.run_name = cfg, run_name
-        self.workers = cfg.runtime.ddp_workers or cfg.net.blocks
+        self.workers = cfg.ddp.workers or cfg.net.blocks
         self.mailbox = Mailbox()
         self.layers: list[dict[str, Any]] = []
         self.frozen = 0  # blocks frozen by growth (a block's state carries its own flag too)
@@ -69,7 +69,7 @@ class DDPEngine:
         trainer = TorchTrainer(
             worker_loop,
             train_loop_config={"cfg": self.cfg.model_dump(mode="json"), "run": self.run_name},
-            scaling_config=ScalingConfig(num_workers=self.workers, use_gpu=gpus,
+            scaling_config=ScalingConfig(num_workers=self._scale(), use_gpu=gpus,
                                          resources_per_worker={"CPU": rt.cpus_per_stage}),
             run_config=TrainRunConfig(storage_path=self.cfg.checkpoint.uri, name=self._train_folder(),
                                       failure_config=FailureConfig(max_failures=rt.max_stage_restarts),
@@ -88,6 +88,11 @@ class DDPEngine:
 
         self.thread = threading.Thread(target=fit, name="growpipe-ddp-fit", daemon=True)
         self.thread.start()
+
+    def _scale(self) -> int | tuple[int, int]:
+        """Ray Train's num_workers: a fixed number, or (min, max) for elastic training (ddp.min_workers)."""
+        least = self.cfg.ddp.min_workers
+        return (least, self.workers) if least is not None and least < self.workers else self.workers
 
     def _train_folder(self) -> str:
         return f"{self.run_name}.ray-train"

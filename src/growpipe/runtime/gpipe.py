@@ -1,5 +1,5 @@
 """Pipelined end-to-end backprop on the stage actors (method bp, --runtime ray) as an Engine: GPipe, or
-asynchronous 1F1B with weight stashing or SpecTrain (runtime.bp_schedule, see async_bp.py).
+asynchronous 1F1B with weight stashing or SpecTrain (runtime.engine gpipe / 1f1b, see async_bp.py).
 
 GPipe: per mini-batch the engine submits every micro-batch's forward through the stages (stage 0 cuts the
 micro-batches from its own data), the backwards in reverse order (each stage hands the gradient of its input
@@ -31,18 +31,18 @@ BATCHES_AHEAD = 2
 
 
 def schedule_name(cfg: RunConfig) -> str:
-    if cfg.runtime.bp_schedule == "gpipe":
+    if cfg.engine() == "gpipe":
         return "GPipe"
-    if cfg.runtime.bp_schedule == "ddp":
+    if cfg.engine() == "ddp":
         return "data-parallel (Ray Train DDP)"
-    return "1F1B + SpecTrain" if cfg.runtime.spectrain else "1F1B + weight stashing"
+    return "1F1B + SpecTrain" if cfg.bp_pipeline.spectrain else "1F1B + weight stashing"
 
 
 def check_bp(cfg: RunConfig) -> None:
     """What BP on Ray needs of a config, checked before Ray starts."""
     if cfg.method != "bp":
         raise ConfigError(f"method: pipelined BP trains method bp end to end; got {cfg.method!r}")
-    if cfg.runtime.bp_schedule == "1f1b" and cfg.data.limit_train:  # at most this many batches
+    if cfg.engine() == "1f1b" and cfg.data.limit_train:  # at most this many batches
         check_1f1b(cfg, math.ceil(cfg.data.limit_train / cfg.data.batch_size))
 
 
@@ -51,9 +51,9 @@ class BPPipelineEngine(StageEngine):
 
     def __init__(self, cfg: RunConfig, *args: Any, **kwargs: Any):
         super().__init__(cfg, *args, **kwargs)
-        self.one_f_one_b = cfg.runtime.bp_schedule == "1f1b"
+        self.one_f_one_b = cfg.engine() == "1f1b"
         self.actor_class = AsyncBPStage if self.one_f_one_b else BPStage
-        self.name = f"ray-{cfg.runtime.bp_schedule}"
+        self.name = f"ray-{cfg.engine()}"
         self.n = 0
         self._position = (0, 0)
 
@@ -67,7 +67,7 @@ class BPPipelineEngine(StageEngine):
             check_1f1b(self.cfg, math.ceil(self.n / self.cfg.data.batch_size))
         self._setup_all(specs)
         k, cfg = len(specs), self.cfg
-        how = (f"{cfg.runtime.micro_batches} micro-batches per mini-batch" if not self.one_f_one_b
+        how = (f"{cfg.bp_pipeline.micro_batches} micro-batches per mini-batch" if not self.one_f_one_b
                else "an update per mini-batch, no flush")  # fmt: skip
         return f"bp ({schedule_name(cfg)}) on {cfg.net.backbone}: {k} stage actors, {how}"
 
@@ -75,7 +75,7 @@ class BPPipelineEngine(StageEngine):
         k = len(specs)
         for slot, spec in zip(self.slots, specs, strict=True):
             slot.spec = spec
-        extra = (k, self.cfg.runtime.spectrain) if self.one_f_one_b else ()
+        extra = (k, self.cfg.bp_pipeline.spectrain) if self.one_f_one_b else ()
         refs = [s.handle.setup.remote(s.spec, self.info, i == k - 1, *extra) for i, s in enumerate(self.slots)]
         for slot, name in zip(self.slots, self._get_all(refs, "building the blocks"), strict=True):
             slot.block_name = name
@@ -106,7 +106,7 @@ class BPPipelineEngine(StageEngine):
         return EpochPart(stats, samples, paused_at)
 
     def _gpipe(self, epoch: int, start: int, end: int, total: int, poll: Poll) -> int | None:
-        bs, m_batches = self.cfg.data.batch_size, self.cfg.runtime.micro_batches
+        bs, m_batches = self.cfg.data.batch_size, self.cfg.bp_pipeline.micro_batches
         stages = [s.handle for s in self.slots]
         pending: deque[list[Any]] = deque()
         paused_at = None
@@ -150,7 +150,7 @@ class BPPipelineEngine(StageEngine):
     def prepare_block(self, spec: BlockSpec) -> Prepared:
         slot = self._launch_for_growth(spec.index)
         slot.spec = spec
-        extra = (len(self.slots) + 1, self.cfg.runtime.spectrain) if self.one_f_one_b else ()
+        extra = (len(self.slots) + 1, self.cfg.bp_pipeline.spectrain) if self.one_f_one_b else ()
         try:
             slot.block_name = self._get(slot.handle.setup.remote(spec, self.info, True, *extra), "building the block")
         except Exception:
@@ -190,5 +190,5 @@ class BPPipelineEngine(StageEngine):
         staleness = None
         if self.one_f_one_b:
             staleness = self._get_all([s.handle.staleness.remote() for s in self.slots], "reading the staleness")
-        micro = self.cfg.runtime.micro_batches
+        micro = self.cfg.bp_pipeline.micro_batches
         return {**super().extras(), "schedule": schedule_name(self.cfg), "micro_batches": micro, "staleness": staleness}

@@ -143,7 +143,7 @@ class Pipeline:
 
     def start(self) -> Pipeline:
         """Connect to Ray and launch the controller (refuses a second live run with the same name, a
-        reserved placement group without a bundle for each block the run may grow to, and a runtime.transport
+        reserved placement group without a bundle for each block the run may grow to, and a pipeline.transport
         the config cannot use)."""
         check_transport(self.cfg)
         if self.reserved is not None:

@@ -49,7 +49,7 @@ class PipelineEngine(StageEngine):
         t = self.transport
         how = f", activations by {t.backend} (Ray Direct Transport)" if t and t.name else ""
         return (f"{cfg.method} on {cfg.net.backbone}: {len(specs)} stage actors ({names}), window "
-                f"{cfg.runtime.window}, {self._resources_text()}{how}")  # fmt: skip
+                f"{cfg.pipeline.window}, {self._resources_text()}{how}")  # fmt: skip
 
     def _setup(self, specs: list[BlockSpec]) -> None:
         """Build every slot's block and wire each stage to the next one with an actor of its own."""
@@ -66,7 +66,7 @@ class PipelineEngine(StageEngine):
         self._wire_transport()
 
     def _wire_transport(self) -> None:
-        """runtime.transport gloo / nccl: one collective group over the stage actors, made again whenever they
+        """pipeline.transport gloo / nccl: one collective group over the stage actors, made again whenever they
         change (growth, recovery); nothing for object_store."""
         if self.transport is None:
             self.transport = TransportGroup(run_backend(self.cfg), self.cfg.runtime.stage_timeout_s)

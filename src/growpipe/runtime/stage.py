@@ -43,8 +43,8 @@ class Stage(StageBase, DirectEndpoint):
 
     def __init__(self, index: int, cfg: RunConfig):
         super().__init__(index, cfg)
-        self.window = cfg.runtime.window
-        self.group = cfg.runtime.packets_per_call
+        self.window = cfg.pipeline.window
+        self.group = cfg.pipeline.packets_per_call
         self.timeout_s = cfg.runtime.stage_timeout_s
         self.staged: dict[int, Block] = {}  # packed blocks built, not attached yet
         self.downstream: Any = None

@@ -1,4 +1,4 @@
-"""Activations that skip Ray's object store (runtime.transport): Ray Direct Transport (RDT) between the
+"""Activations that skip Ray's object store (pipeline.transport): Ray Direct Transport (RDT) between the
 local-learning pipeline's stage actors.
 
 With a direct backend (gloo between CPU stages, nccl between GPU stages) every stage actor joins one collective
@@ -7,7 +7,7 @@ actors). A stage still hands its packets on with the next stage's `push`, but th
 RDT object: the stage calls its own `emit_tensors` with `tensor_transport=<backend>` (Ray keeps the returned
 tensors in the actor), and passes that ref to `push`; Ray then moves the tensors straight from actor to actor
 over the group while the rest of the call (which fields each packet has, its batch index) travels as before.
-The object store stays the default (runtime.transport: object_store) and the path of every other call.
+The object store stays the default (pipeline.transport: object_store) and the path of every other call.
 """
 
 from __future__ import annotations
@@ -43,36 +43,32 @@ def resolve(setting: str, method: str, device: str, gpus_per_stage: float) -> st
 
 
 def transport_problem(cfg: RunConfig) -> str | None:
-    """Why runtime.transport cannot work for this config, in one line (None: it can); checked before Ray
+    """Why pipeline.transport cannot work for this config, in one line (None: it can); checked before Ray
     starts. The cluster's GPUs are only known once it runs: nccl on a cluster without any fails at the start."""
-    setting, gpus = cfg.runtime.transport, cfg.runtime.gpus_per_stage
+    setting, gpus = cfg.pipeline.transport, cfg.runtime.gpus_per_stage
     if setting not in DIRECT:
         return None
-    if cfg.method == "bp":
-        return (f"runtime.transport: {setting} moves the local-learning pipeline's activations (al, scpl, "
-                "dascpl); method bp on Ray hands its tensors through the object store: set runtime.transport: "
-                "object_store")  # fmt: skip
     if setting == "nccl" and (gpus == 0 or cfg.device == "cpu"):
         why = "runtime.gpus_per_stage is 0" if gpus == 0 else "device is cpu"
-        return (f"runtime.transport: nccl sends tensors between GPUs but {why}; use gloo between CPU stages, or give "
+        return (f"pipeline.transport: nccl sends tensors between GPUs but {why}; use gloo between CPU stages, or give "
                 "each stage a GPU (runtime.gpus_per_stage: 1)")  # fmt: skip
     if setting == "nccl" and gpus is not None and gpus < 1:
-        return (f"runtime.transport: nccl needs a whole GPU per stage, runtime.gpus_per_stage={gpus:g} shares one "
+        return (f"pipeline.transport: nccl needs a whole GPU per stage, runtime.gpus_per_stage={gpus:g} shares one "
                 "between stages (NCCL takes one rank per GPU); set runtime.gpus_per_stage: 1 or use gloo")  # fmt: skip
     return None
 
 
 def check_transport(cfg: RunConfig) -> None:
-    """ConfigError (exit 2) when runtime.transport cannot work for this config."""
+    """ConfigError (exit 2) when pipeline.transport cannot work for this config."""
     if why := transport_problem(cfg):
         raise ConfigError(why)
 
 
 def stage_backend(cfg: RunConfig, gpus_per_stage: float) -> str:
     """The backend of a run whose stages each get `gpus_per_stage` GPUs (known once Ray runs)."""
-    backend = resolve(cfg.runtime.transport, cfg.method, cfg.device, gpus_per_stage)
+    backend = resolve(cfg.pipeline.transport, cfg.method, cfg.device, gpus_per_stage)
     if backend == "nccl" and gpus_per_stage < 1:
-        raise ConfigError("runtime.transport: nccl needs a GPU per stage and this cluster has none; use gloo or "
+        raise ConfigError("pipeline.transport: nccl needs a GPU per stage and this cluster has none; use gloo or "
                           "object_store, or join a cluster with GPUs")  # fmt: skip
     return backend
 

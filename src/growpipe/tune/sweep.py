@@ -88,8 +88,8 @@ def prepare(spec: SweepSpec) -> tuple[dict[str, Any], list[RunConfig]]:
     cfgs, problems = check_search_space(spec, base)
     if why := metric_problem(spec, cfgs):
         problems.append(why)
-    if spec.kind == "train" and any(c.method == "bp" and c.runtime.bp_schedule == "ddp" for c in cfgs):
-        problems.append("runtime.bp_schedule: ddp places Ray Train workers outside a trial's placement group; "
+    if spec.kind == "train" and any(c.engine() == "ddp" for c in cfgs):
+        problems.append("runtime.engine: ddp places Ray Train workers outside a trial's placement group; "
                         "sweep bp with gpipe or 1f1b")  # fmt: skip
     if problems:
         raise ConfigError(f"sweep {spec.name}: {len(problems)} problem(s)\n" + "\n".join(f"  {p}" for p in problems))
