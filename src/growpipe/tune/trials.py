@@ -33,8 +33,10 @@ def train_trial(
 
     A trial Tune restarts (Tuner.restore, or PBT copying another trial's net) resumes from the checkpoint Tune
     hands it: topology, weights and growth history, in the same MLflow run. The trial's own
-    run checkpoints live in `runs_dir`/NAME; a restarted trial that Tune hands none (the sweep was stopped
-    before Tune recorded the trial's last report) goes on from the newest of those instead of starting over."""
+    run checkpoints live in `runs_dir`/NAME; a restarted trial whose own newest end of epoch is newer than the
+    checkpoint Tune hands it (or Tune hands none: the sweep was stopped after the trial wrote it, before Tune
+    recorded its report) goes on from that one, and first reports to Tune the epochs Tune has not seen, so
+    that Tune and MLflow keep the same epochs."""
     from ray import tune
     from ray.util import get_current_placement_group
 
@@ -65,8 +67,8 @@ def train_trial(
     def checkpoint_of(path: str | None) -> Any:
         return tune.Checkpoint.from_directory(path) if path else None
 
-    done_before = 0  # epochs Tune already has (a restarted trial's checkpoint)
-    given = tune.get_checkpoint() or _own_epoch_checkpoint(store, save_checkpoint)
+    done_before = 0  # epochs the checkpoint the trial starts from holds
+    given, known = _starting_point(store, name, tune.get_checkpoint(), save_checkpoint)
 
     def report(row: dict[str, Any], checkpoint: str | None) -> None:
         """An epoch's row and the checkpoint written at its end (the run waits for this to return)."""
@@ -77,7 +79,11 @@ def train_trial(
 
     with given.as_directory() if given else contextlib.nullcontext() as resume:
         if resume:
-            done_before = _note_copy(cfg, name, store.read_manifest(resume))
+            manifest = store.read_manifest(resume)
+            done_before = _note_copy(cfg, name, manifest)
+            for row in manifest["history"]:  # trained (and in MLflow) before Tune recorded them
+                if row["epoch"] > known:
+                    report(row, resume if row["epoch"] == done_before else None)
         pg = get_current_placement_group()
         with Pipeline(cfg, run_name=name, reserved=(pg, 1) if pg else None, resume=resume) as p:
             summary = p.train(progress=None, on_epoch=report, keep_net=False)
@@ -89,12 +95,23 @@ def train_trial(
             tune.report(final, checkpoint=checkpoint)
 
 
-def _own_epoch_checkpoint(store: Any, enabled: bool) -> Any:
-    """The newest end-of-epoch checkpoint the trial wrote itself in an earlier start, as a Tune checkpoint."""
+def _starting_point(store: Any, name: str, handed: Any, enabled: bool) -> tuple[Any, int]:
+    """Where a (re)started trial goes on from, and the epochs Tune has of it: the checkpoint Tune `handed`
+    over (Tuner.restore, or PBT's copy of another trial's net), unless the trial's own run checkpoints hold a
+    newer end of epoch of its own."""
     from ray import tune
 
-    ref = store.latest() if enabled else None
-    return tune.Checkpoint.from_directory(ref.path) if ref is not None and ref.batch == 0 else None
+    known = 0
+    if handed is not None:
+        with handed.as_directory() as path:
+            manifest = store.read_manifest(path)
+        known = int(manifest["epoch"])
+        if manifest["run"] != name:  # PBT's copy of another trial: its net, whatever this trial wrote
+            return handed, known
+    own = store.latest() if enabled else None
+    if own is not None and own.batch == 0 and own.epoch > known:
+        return tune.Checkpoint.from_directory(own.path), known
+    return handed, known
 
 
 def _existing_child(tracking: dict[str, Any], name: str) -> str | None:
