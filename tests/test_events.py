@@ -10,12 +10,29 @@ from typing import Any
 
 from growpipe.checkpoint import CheckpointStore
 from growpipe.local import LocalEngine
+from growpipe.loop.callbacks import RunCallback
 from growpipe.loop.loop import RunLoop
 from growpipe.runtime.events import RunEvents
 from tests.conftest import tiny_config
 
 
-def _paced_loop(tmp_path: Path, epochs: int) -> tuple[RunLoop, RunEvents, threading.Thread, list[dict]]:
+class _HoldFirstPosition(RunCallback):
+    """Holds the loop at each epoch's first position until the follower has seen one of that epoch (it is
+    the newest event meanwhile), so the test sees a position in every epoch however the threads run."""
+
+    def __init__(self) -> None:
+        self.seen = threading.Event()
+        self.held: set[int] = set()
+
+    def on_position(self, position: dict[str, int]) -> None:
+        if position["epoch"] not in self.held:
+            self.held.add(position["epoch"])
+            self.seen.wait(60)  # not seen by then: the test's own assertion says so
+            self.seen.clear()
+
+
+def _paced_loop(tmp_path: Path, epochs: int, *more: RunCallback) -> tuple[RunLoop, RunEvents, threading.Thread,
+                                                                          list[dict]]:  # fmt: skip
     cfg = tiny_config(
         name="events",
         data={"limit_train": 256, "batch_size": 32},
@@ -26,10 +43,10 @@ def _paced_loop(tmp_path: Path, epochs: int) -> tuple[RunLoop, RunEvents, thread
     )
     events = RunEvents()
     events.paced = True
-    loop = RunLoop(cfg, LocalEngine(cfg), store=CheckpointStore(str(tmp_path), "events"), callbacks=[events],
-                   say=events.say)  # fmt: skip
+    loop = RunLoop(cfg, LocalEngine(cfg), store=CheckpointStore(str(tmp_path), "events"),
+                   callbacks=[events, *more], say=events.say)  # fmt: skip
     loop.epoch_gate = events.settled
-    loop.position_every_s = 0.0  # every batch: the test sees a position for each one
+    loop.position_every_s = 0.0  # pushed at every batch
     results: list[dict[str, Any]] = []
 
     def run() -> None:
@@ -42,7 +59,8 @@ def _paced_loop(tmp_path: Path, epochs: int) -> tuple[RunLoop, RunEvents, thread
 
 
 def test_a_paced_run_hands_each_epoch_with_its_boundary_checkpoint_and_waits_for_it(tmp_path: Path):
-    loop, events, thread, results = _paced_loop(tmp_path, epochs=3)
+    hold = _HoldFirstPosition()
+    loop, events, thread, results = _paced_loop(tmp_path, 3, hold)
     store = CheckpointStore(str(tmp_path), "events")
     thread.start()
     epochs, positions, lines = [], [], []
@@ -56,17 +74,20 @@ def test_a_paced_run_hands_each_epoch_with_its_boundary_checkpoint_and_waits_for
             epochs.append(row["epoch"])
             events.take(row["epoch"])
         elif event["kind"] == "position":
+            if event["epoch"] not in {e for e, _, _ in positions}:
+                hold.seen.set()
             positions.append((event["epoch"], event["batch"], event["batches"]))
         elif event["kind"] == "line":
             lines.append(event["line"])
     thread.join(timeout=60)
     assert epochs == [1, 2, 3] and "error" not in results[0]
     assert {e for e, _, _ in positions} == {1, 2, 3} and all(0 <= b <= n == 8 for _, b, n in positions)
+    assert positions == sorted(positions)  # never an older one after a newer one
     assert len(loop.growth) == 1 and any(line.startswith("ckpt ") for line in lines)
 
 
 def test_a_run_stopped_while_it_waits_for_its_follower_trains_nothing_more(tmp_path: Path):
-    loop, events, thread, results = _paced_loop(tmp_path, epochs=3)
+    loop, events, thread, results = _paced_loop(tmp_path, 3)
     thread.start()
     for event in events.follow():
         if event["kind"] == "epoch":  # not taken: the run waits at epoch 1's boundary

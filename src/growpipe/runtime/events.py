@@ -3,7 +3,8 @@ a log guarded by a condition, and followed by the controller's streaming method;
 
 Events, in order: {kind: line, line}, {kind: state, state}, {kind: epoch, row, checkpoint} (a finished epoch's
 row with the restore point written at its boundary, or None) and {kind: position, epoch, epochs, batch,
-batches} (the newest one only: a follower that lags skips older positions)."""
+batches} (the newest one only, and only while no event came after it: a follower that lags skips older
+positions, and none is drawn again after the line that ended its epoch)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ class RunEvents(RunCallback):
         self._events: list[dict[str, Any]] = []
         self._position: dict[str, int] | None = None
         self._position_seq = 0
+        self._position_after = 0  # how many events came before it: one that came after makes it stale
         self._row: dict[str, Any] | None = None  # the epoch row waiting for its boundary to be done
         self._checkpoint: str | None = None  # the restore point written at that boundary
         self._taken = 0
@@ -53,6 +55,7 @@ class RunEvents(RunCallback):
         with self._cond:
             self._position = position
             self._position_seq += 1
+            self._position_after = len(self._events)
             self._cond.notify_all()
 
     def settled(self, epoch: int) -> None:
@@ -90,7 +93,8 @@ class RunEvents(RunCallback):
             with self._cond:
                 self._cond.wait_for(lambda s=sent, p=position_seen: self._news(s, p))
                 batch = self._events[sent:]
-                position = self._position if self._position_seq != position_seen else None
+                fresh = self._position_seq != position_seen and self._position_after == len(self._events)
+                position = self._position if fresh else None  # not after the epoch's line: it is over
                 position_seen = self._position_seq
                 done = self._ended
             sent += len(batch)
