@@ -40,6 +40,42 @@ def _sweep_file(tmp_path: Path, **fields: Any) -> Path:
     return path
 
 
+def _epochs_in_tune_and_mlflow(tmp_path: Path, sweep: str) -> dict[str, tuple[str, list[int]]]:
+    """Every trial's MLflow status and epochs; asserts Tune recorded the same epochs its MLflow run logged."""
+    from ray.tune import ExperimentAnalysis
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("sweeps")
+    runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
+    seen = {}
+    for trial_id, df in ExperimentAnalysis(str(tmp_path / "out" / "trials")).trial_dataframes.items():
+        run = runs[f"{sweep}-{trial_id}"]
+        in_tune = [int(i) for i in df["training_iteration"]]
+        in_mlflow = [m.step for m in client.get_metric_history(run.info.run_id, "test_accuracy")]
+        assert in_tune == in_mlflow, (trial_id, in_tune, in_mlflow)
+        seen[trial_id] = (run.info.status, in_tune)
+    return seen
+
+
+@pytest.mark.usefixtures("ray_session")
+@pytest.mark.usefixtures("mlflow_db")  # an empty store at tmp_path/mlflow.db
+def test_a_trial_asha_stops_trains_no_epoch_past_the_report_tune_stopped_it_at(tmp_path: Path):
+    """ASHA stops the poor trial (a learning rate that learns nothing) at its first rung: the run trains no
+    epoch after the report Tune answered with stop, so Tune and MLflow have the same epochs for both trials;
+    the stopped one ends KILLED, tagged stopped early, the other FINISHED."""
+    fast = {"train.epochs": 2, "tracking.log_model": False, "tracking.system_metrics": False}
+    # one trial at a time (2.1 of the session's 4 CPUs each), the good one first: the poor one meets its rung
+    path = _sweep_file(tmp_path, name="asha", set=fast, search_space={"train.lr": {"grid": [0.003, 1e-9]}},
+                       metric="acc.exit1", scheduler={"name": "asha", "grace_period": 1, "reduction_factor": 2},
+                       resources={"cpus_per_stage": 1.0, "max_concurrent_trials": 1})  # fmt: skip
+    summary = run_sweep(load_sweep(path))
+    stopped = {t["trial"]: t["stopped_early"] for t in summary["trials"]}
+    assert sorted(stopped.values()) == [False, True], summary["trials"]
+    seen = _epochs_in_tune_and_mlflow(tmp_path, "asha")
+    for trial, early in stopped.items():
+        assert seen[trial] == (("KILLED", [1]) if early else ("FINISHED", [1, 2])), seen
+
+
 @pytest.mark.usefixtures("ray_session")
 @pytest.mark.usefixtures("mlflow_db")  # an empty store at tmp_path/mlflow.db
 def test_threshold_sweep_reuses_stored_predictions_without_training(tmp_path: Path):
@@ -131,9 +167,10 @@ def test_domains_need_exactly_one_valid_kind():
 @pytest.mark.usefixtures("mlflow_db")  # an empty store at tmp_path/mlflow.db
 def test_an_interrupted_optuna_sweep_resumes_without_training_any_trial_twice(tmp_path: Path):
     """SIGTERM stops the sweep the way Ctrl-C does (Tune saves its state, exit 143, the parent MLflow run
-    KILLED); the same command resumes it: the trials that had finished are kept, the one that was running
-    goes on from its last epoch's checkpoint, Optuna proposes the rest, all in the same MLflow runs. The
-    sweep is recorded in MLflow (a parent run, a child per trial) and its best config trains again."""
+    KILLED and so the run of the trial that was running); the same command resumes it: the trials that had
+    finished are kept, the one that was running goes on from its last epoch's checkpoint (its Tune iterations
+    going on from there too), Optuna proposes the rest, all in the same MLflow runs, with the epochs Tune
+    saw. The sweep is recorded in MLflow (a parent run, a child per trial) and its best config trains again."""
     import json
     import signal
     import subprocess
@@ -159,6 +196,10 @@ def test_an_interrupted_optuna_sweep_resumes_without_training_any_trial_twice(tm
     assert proc.returncode == 143, err[-3000:]
     state = json.loads((out / "sweep.json").read_text())
     assert state["status"] == "interrupted"
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("sweeps")
+    runs = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{state['parent_run_id']}'")
+    assert len(runs) == 2 and {r.info.status for r in runs} <= {"FINISHED", "KILLED"}  # nothing left RUNNING
 
     summary = run_sweep(load_sweep(path))  # the same command again: resumes
     assert summary["mlflow_run_id"] == state["parent_run_id"]
@@ -166,17 +207,15 @@ def test_an_interrupted_optuna_sweep_resumes_without_training_any_trial_twice(tm
     best = summary["best"]
     assert best["metric"] == max(t["metric"] for t in summary["trials"])
     assert Path(best["checkpoint"], "manifest.json").is_file()  # a growpipe checkpoint, as a Tune checkpoint
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    exp = client.get_experiment_by_name("sweeps")
     parent = client.get_run(state["parent_run_id"])
     children = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     assert parent.info.status == "FINISHED" and len(children) == 2
     assert parent.data.metrics["best.test_accuracy"] == pytest.approx(best["metric"])
     assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {"best.yaml", "trials.md"}
-    for c in children:  # no trial started over (an epoch cut short by the stop is trained again)
-        assert c.info.status == "FINISHED" and float(c.data.params["train.lr"]) > 0
-        steps = [m.step for m in client.get_metric_history(c.info.run_id, "test_accuracy")]
-        assert steps.count(1) == 1 and steps[-1] == 2, steps
+    for c in children:
+        assert float(c.data.params["train.lr"]) > 0
+    # no trial started over (an epoch cut short by the stop is trained again); Tune counted on from epoch 1
+    assert sorted(_epochs_in_tune_and_mlflow(tmp_path, "resumable").values()) == [("FINISHED", [1, 2])] * 2
 
     # the best config round-trips through growpipe train --config
     best_yaml = Path(summary["best_config"])

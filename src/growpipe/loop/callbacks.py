@@ -26,6 +26,14 @@ class RunCallback:
 
     def on_growth(self, event: dict[str, Any]) -> None: ...
 
+    def on_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """A restore point is complete: {path, epoch, batch, seq} (`epoch` finished epochs, `batch` batches
+        into the next; at an epoch's boundary the last one is written after that boundary's growth)."""
+
+    def on_position(self, position: dict[str, int]) -> None:
+        """Where the running epoch is ({epoch, epochs, batch, batches}), while batches run and only when the
+        loop's position_every_s is set."""
+
     def on_topology(self, event: dict[str, Any]) -> None:
         """Where the blocks run changed (replace, shrink, expand): growpipe.loop.elastic.Topology.record."""
 

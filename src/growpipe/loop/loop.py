@@ -115,9 +115,18 @@ class RunLoop:
         self._lock = threading.Lock()
         self.topology = Topology(cfg, engine, self.callbacks, self.say, lambda: self.stop_reason is not None)
         self._epoch_open = False  # between an epoch's start and its line: a progress bar may be drawn
+        self._row_epoch = 0  # the newest epoch whose row this start of the run made
+        self._gated = 0  # the newest epoch handed to epoch_gate
+        self._position_at = 0.0  # when the running epoch's position was last pushed
         self.keep_net = True
         """Gather the trained net's weights at the end (final_net / final): off when nobody asks for the
         whole net (a block may be as big as its worker)."""
+        self.epoch_gate: Callable[[int], None] | None = None
+        """Called once an epoch's boundary is done (its row, growth and checkpoint went to the callbacks),
+        before the next epoch trains; it may block until whoever follows the run has taken that epoch (a Tune
+        trial: until Tune answered its report, so nothing trains past an epoch Tune stops the trial at)."""
+        self.position_every_s: float | None = None
+        """Push the running epoch's position to the callbacks (on_position) at most this often; None: never."""
 
     # ---- the state machine ----------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -303,6 +312,12 @@ class RunLoop:
     def _next_epoch(self, epoch: int, batch: int) -> State:
         """Train on from `batch` of epoch `epoch` + 1 (building a prefix cache first when one is due), or
         finish."""
+        if batch == 0 and epoch == self._row_epoch > self._gated and self.epoch_gate is not None:
+            self._gated = epoch
+            self.epoch_gate(epoch)
+            if self.stop_reason is not None:  # stopped while the gate waited: train nothing more
+                self.error = f"stopped: {self.stop_reason}"
+                return Errored(self.error)
         if batch == 0 and epoch >= self.plan.total_epochs:
             return self._finish()
         nxt = Training(epoch + 1, batch)
@@ -335,6 +350,7 @@ class RunLoop:
         row = epoch_row(epoch, self.cfg, depth, depth - len(self.frozen), losses, ev, samples, seconds, skipped)
         row.update(eval_seconds=round(eval_seconds, 4), checkpoint_seconds=0.0, eval_bytes=ev.get("eval_bytes"))
         self.history.append(row)
+        self._row_epoch = epoch
         note_epoch(self.growth, row)
         if self.engine.stage_table:
             notify(self.callbacks, "after_epoch_stages", epoch, [s.row() for s in stats], say=self.say)
@@ -349,6 +365,17 @@ class RunLoop:
         if pos is None:
             return None
         return {"epoch": state.epoch, "epochs": self.plan.total_epochs, "batch": pos[0], "batches": pos[1]}
+
+    def _push_position(self) -> None:
+        """Hand the running epoch's position to the callbacks (a driver's progress bar). Engines call `_poll`
+        between batches (or every 0.2 s while they wait for a stage), so the position goes out from here as the
+        epoch runs, at most every position_every_s: nothing has to ask for it, nothing sleeps."""
+        now = time.monotonic()
+        if self.position_every_s is None or now - self._position_at < self.position_every_s:
+            return
+        self._position_at = now
+        if (pos := self.position()) is not None:
+            notify(self.callbacks, "on_position", pos, say=self.say)
 
     # ---- growth ---------------------------------------------------------------------------------------
     def grow(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -384,6 +411,7 @@ class RunLoop:
         """Called by the engine between batches: start placing a waiting request's block (in a thread of its
         own when the engine can train meanwhile, else here); True once one is ready to attach (the engine
         then pauses)."""
+        self._push_position()
         self._collect_placement(wait=False)
         if self._prepared is None and self._placing is None and not self.orders.empty():
             order = self.orders.get()
@@ -514,6 +542,8 @@ class RunLoop:
         manifest = {**self.record(), "epoch": epoch, "batch": batch, "seq": self.ckpt_seq, "shards": shards,
                     "layout": self.engine.layout()}  # fmt: skip
         ref = self.store.commit(path, manifest)
+        notify(self.callbacks, "on_checkpoint", {"path": ref.path, "epoch": epoch, "batch": batch, "seq": ref.seq},
+               say=self.say)  # fmt: skip
         if self.history:  # the time writing restore points after an epoch's row counts in that row
             row = self.history[-1]
             row["checkpoint_seconds"] = round(row.get("checkpoint_seconds", 0.0) + time.perf_counter() - t0, 4)

@@ -1,10 +1,12 @@
 """Controller: the actor that hosts a run's loop on the cluster, named after the run so that `growpipe grow`
 finds it. It picks the engine from the config (the local-learning pipeline, GPipe / 1F1B, or Ray Train DDP),
-runs the loop in one thread and answers progress, status and grow calls from others (threaded, no CPU)."""
+runs the loop in one thread and answers the driver's event stream, status and grow calls from others
+(threaded, no CPU)."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import ray
@@ -17,6 +19,9 @@ from growpipe.loop.loop import RunLoop
 from growpipe.prepare import checkpoint_store, run_callbacks
 from growpipe.resume import continuing_mlflow_run
 from growpipe.runtime import NAMESPACE
+from growpipe.runtime.events import RunEvents
+
+POSITION_EVERY_S = 0.5  # how often a progress bar's position is pushed while an epoch runs
 
 
 def make_engine(cfg: RunConfig, run_name: str, reserved: tuple[Any, int] | None, say: Any) -> Engine:
@@ -35,31 +40,47 @@ def make_engine(cfg: RunConfig, run_name: str, reserved: tuple[Any, int] | None,
 
 
 class Controller:
-    """One run on the cluster: its loop, its engine and its progress lines."""
+    """One run on the cluster: its loop, its engine and its events."""
 
     def __init__(self, cfg: RunConfig, run_name: str, reserved: tuple[Any, int] | None = None,
                  resume: str | None = None):  # fmt: skip
         """`reserved` = (placement group, first bundle) to place the stages in (a Tune trial's); `resume`:
         the checkpoint directory to start from."""
-        self._lock = threading.Lock()
-        self._lines: list[str] = []
+        self.events = RunEvents()
         store = checkpoint_store(cfg, run_name)
         if resume is not None and store is not None:
             cfg = continuing_mlflow_run(cfg, store.read_manifest(resume), run_name)
-        engine = make_engine(cfg, run_name, reserved, self._say)
-        callbacks = run_callbacks(cfg, run_name, self._say, on_ray=True)
-        self.loop = RunLoop(cfg, engine, run_name=run_name, store=store, callbacks=callbacks, say=self._say,
+        say = self.events.say
+        engine = make_engine(cfg, run_name, reserved, say)
+        callbacks = [*run_callbacks(cfg, run_name, say, on_ray=True), self.events]
+        self.loop = RunLoop(cfg, engine, run_name=run_name, store=store, callbacks=callbacks, say=say,
                             resume=resume)  # fmt: skip
+        self.loop.epoch_gate = self.events.settled
 
-    def run(self, keep_net: bool = True) -> dict[str, Any]:
+    def run(self, keep_net: bool = True, paced: bool = False, positions: bool = False) -> dict[str, Any]:
         """Drive the run to its end; the result JSON, or {'error': message, 'bad_input': bool}. `keep_net`:
         gather every block's weights at the end for final_state (else only a callback that wants the net
-        does)."""
+        does); `paced`: train an epoch only once the driver took the one before (see `took`); `positions`:
+        push the running epoch's position into the events (a progress bar)."""
         self.loop.keep_net = keep_net
-        result = self.loop.run()
+        self.events.paced = paced
+        self.loop.position_every_s = POSITION_EVERY_S if positions else None
+        try:
+            result = self.loop.run()
+        finally:
+            self.events.end()
         if "error" in result:
             result["bad_input"] = isinstance(self.loop.failure, BAD_INPUT)
         return result
+
+    def events_from_start(self) -> Iterator[dict[str, Any]]:
+        """The run's events as they happen (a streaming generator: the driver gets each one as it is
+        yielded), from the first, until run() returns (growpipe.runtime.events)."""
+        yield from self.events.follow()
+
+    def took(self, epoch: int) -> None:
+        """The driver has handled the epoch events up to `epoch` (a paced run trains the next one)."""
+        self.events.take(epoch)
 
     def grow(self, request: dict[str, Any]) -> dict[str, Any]:
         """Append a block to this running job (see RunLoop.grow)."""
@@ -70,23 +91,6 @@ class Controller:
         and wait for the next (growpipe.runtime.mailbox)."""
         return self.loop.engine.mailbox.serve(report)  # type: ignore[attr-defined]
 
-    def _say(self, line: str) -> None:
-        with self._lock:
-            self._lines.append(line)
-
-    def progress(self, since: int = 0) -> tuple[list[str], str]:
-        """Progress lines from index `since` on, and the current state."""
-        with self._lock:
-            return self._lines[since:], self.loop.state.name
-
-    def rows(self, since: int = 0) -> list[dict[str, Any]]:
-        """Epoch result rows from index `since` on (for reporting to Tune)."""
-        return list(self.loop.history[since:])
-
-    def epoch_position(self) -> dict[str, int] | None:
-        """Where the running epoch is: {epoch, epochs, batch, batches}; None outside an epoch."""
-        return self.loop.position()
-
     def final_state(self) -> dict[str, Any] | None:
         """After FINISHED: the topology, input description and every block's state."""
         return self.loop.final()
@@ -95,11 +99,17 @@ class Controller:
         """A small snapshot: state, finished epochs, blocks."""
         return self.loop.status()
 
+    def until_gone(self) -> None:
+        """Never returns: the driver calls it before killing this actor, and the call fails once the actor is
+        gone (its name free again)."""
+        threading.Event().wait()
+
     def shutdown(self, reason: str | None = None) -> None:
         """Release every worker and placement group now (the driver calls this before killing the
         controller: placement groups outlive the actor that made them); `reason`: the run was stopped
         before its end (recorded as KILLED)."""
         self.loop.shutdown(reason)
+        self.events.release()
 
 
 def launch_controller(cfg: RunConfig, run_name: str, reserved: tuple[Any, int] | None = None,
@@ -117,7 +127,7 @@ def launch_controller(cfg: RunConfig, run_name: str, reserved: tuple[Any, int] |
             name=run_name,
             namespace=NAMESPACE,
             num_cpus=0,
-            max_concurrency=16,  # run() + progress + grow() calls waiting for their turn + a DDP rendezvous
+            max_concurrency=16,  # run() + the event stream + took() + grow() calls + a DDP rendezvous
             runtime_env={"env_vars": envvars.forwarded()},
             scheduling_strategy=here,
         )

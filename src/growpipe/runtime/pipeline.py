@@ -1,12 +1,12 @@
 """Driver-side handle of a run on Ray (any method: the controller picks the engine): connect to (or start)
-Ray, launch the controller, follow its progress, return the result, clean up."""
+Ray, launch the controller, follow the events it pushes (lines, epochs, the bar's position), return the result,
+clean up."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import ray
@@ -21,7 +21,9 @@ from growpipe.runtime.controller import launch_controller
 from growpipe.runtime.placement import reserved_bundles_problem
 from growpipe.runtime.transport import check_transport
 
-POLL_S = 0.5
+SIGNAL_CHECK_S = 0.5  # how long a wait for the next event goes without looking for a swallowed Ctrl-C
+
+OnEpoch = Callable[[dict[str, Any], str | None], None]
 
 
 def join_cluster(address: str, log_to_driver: bool) -> Any:
@@ -164,74 +166,57 @@ class Pipeline:
     def train(
         self,
         progress: Callable[[str], None] | None = print,
-        on_epoch: Callable[[dict[str, Any]], None] | None = None,
+        on_epoch: OnEpoch | None = None,
         bar: EpochBar | None = None,
         keep_net: bool = True,
     ) -> dict[str, Any]:
         """Run to the end, passing the controller's progress lines to `progress`, each finished epoch's row
-        to `on_epoch` (e.g. a Tune report) and the running epoch's position to `bar`; raise PipelineError
-        if the run fails."""
+        and the checkpoint directory written at its boundary (None: none) to `on_epoch` (e.g. a Tune report),
+        and the running epoch's position to `bar`; raise PipelineError if the run fails. With `on_epoch`, the
+        next epoch trains only once it has returned (a Tune report that stops the trial stops the run first)."""
         if self.controller is None:
             self.start()
         if progress and self.dashboard_url:
             progress(f"ray    dashboard {self.dashboard_url}")
         controller = self.controller  # stop() may drop the handle from another thread
-        ref = controller.run.remote(keep_net)
+        stream = controller.events_from_start.remote()
+        positions = bar is not None and bar.active
+        ref = controller.run.remote(keep_net, paced=on_epoch is not None, positions=positions)
         try:
-            return self._follow(controller, ref, progress, on_epoch, bar)
+            return self._follow(controller, stream, ref, progress, on_epoch, bar)
         finally:
             if bar is not None:
                 bar.clear()  # also when the run fails or is stopped: its error starts on a clean line
 
-    def _follow(self, controller: Any, ref: Any, progress: Callable[[str], None] | None,
-                on_epoch: Callable[[dict[str, Any]], None] | None, bar: EpochBar | None) -> dict[str, Any]:  # fmt: skip
-        """Pass on the controller's lines, rows and bar until its run() (`ref`) returns; its result."""
-        seen = rows = 0
+    def _follow(self, controller: Any, stream: Any, ref: Any, progress: Callable[[str], None] | None,
+                on_epoch: OnEpoch | None, bar: EpochBar | None) -> dict[str, Any]:  # fmt: skip
+        """Hand on the controller's events until its run() (`ref`) returns; its result."""
         try:
-            while True:
-                ready, _ = ray.wait([ref], timeout=POLL_S)
-                signals.check()  # a stop whose KeyboardInterrupt was swallowed where it landed
-                seen = self._drain(controller, seen, progress)
-                rows = self._report_rows(controller, rows, on_epoch)
-                if ready:
-                    break
-                if bar is not None and bar.active:
-                    self._draw(controller, bar)
+            for event in _events(stream):
+                kind = event["kind"]
+                if kind == "line" and progress:
+                    progress(event["line"])
+                elif kind == "position" and bar is not None:
+                    bar.update(event["epoch"], event["epochs"], event["batch"], event["batches"])
+                elif kind == "epoch" and on_epoch is not None:
+                    on_epoch(event["row"], event["checkpoint"])
+                    controller.took.remote(event["row"]["epoch"])
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from `ray job stop` (the CLI turns it into this)
             self.stop(f"interrupted ({signals.describe()})")
             raise
-        except SystemExit:  # a Tune scheduler stopping this trial
+        except SystemExit:  # a Tune scheduler stopping this trial (its report raises it)
             self.stop("stopped early by the Tune scheduler")
             raise
+        except ray.exceptions.RayActorError:  # killed by stop(), or its node went away: said below
+            pass
         try:
             result = ray.get(ref)
         except ray.exceptions.RayActorError:  # killed by stop(), or its node went away
             why = f"stopped: {self._stop_reason}" if self._stop_reason else "the run's controller actor died"
             raise PipelineError(why) from None
-        if bar is not None:
-            bar.clear()
-        self._drain(controller, seen, progress)
-        self._report_rows(controller, rows, on_epoch)
         if "error" in result:
             raise (InputError if result.get("bad_input") else PipelineError)(result["error"])
         return result
-
-    def _report_rows(self, controller: Any, since: int, on_epoch: Callable[[dict[str, Any]], None] | None) -> int:
-        if on_epoch is None:
-            return since
-        try:
-            rows = ray.get(controller.rows.remote(since), timeout=30)
-        except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
-            return since
-        for row in rows:
-            on_epoch(row)
-        return since + len(rows)
-
-    def _draw(self, controller: Any, bar: EpochBar) -> None:
-        with contextlib.suppress(ray.exceptions.RayError):
-            pos = ray.get(controller.epoch_position.remote(), timeout=10)
-            if pos:
-                bar.update(pos["epoch"], pos["epochs"], pos["batch"], pos["batches"])
 
     def final_net(self) -> Any:
         """The trained net rebuilt in this process from the stages' final states (after train())."""
@@ -242,16 +227,6 @@ class Pipeline:
             raise PipelineError("the run has not finished, or ran with keep_net=False; call train() first")
         return GrowableNet.from_states(self.cfg.rule(), final["info"], final["topology"], final["states"])
 
-    def _drain(self, controller: Any, seen: int, progress: Callable[[str], None] | None) -> int:
-        try:
-            lines, _ = ray.get(controller.progress.remote(seen), timeout=30)
-        except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
-            return seen
-        for line in lines:
-            if progress:
-                progress(line)
-        return seen + len(lines)
-
     def stop(self, reason: str | None = None) -> None:
         """Release the run's workers and placement groups, kill the controller and disconnect if this
         handle connected. `reason`: the run is stopped before its end (its MLflow run ends KILLED)."""
@@ -259,9 +234,10 @@ class Pipeline:
         if self.controller is not None:
             with contextlib.suppress(ray.exceptions.RayError):  # already gone: its resources went with it
                 ray.get(self.controller.shutdown.remote(reason), timeout=30)
+            gone = self.controller.until_gone.remote()
             ray.kill(self.controller, no_restart=True)
             self.controller = None
-            time.sleep(0.1)  # let the name be released before a next run reuses it
+            ray.wait([gone], timeout=10)  # fails once Ray has the actor dead and its name free for a next run
         if self._owns_ray:
             ray.shutdown()
             self._owns_ray = False
@@ -271,3 +247,18 @@ class Pipeline:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _events(stream: Any) -> Iterator[dict[str, Any]]:
+    """The events of a controller's stream as they arrive. The wait for the next one wakes every
+    SIGNAL_CHECK_S only to raise a Ctrl-C / SIGTERM that code it landed in swallowed (signals.check)."""
+    while True:
+        ready, _ = ray.wait([stream], timeout=SIGNAL_CHECK_S)
+        signals.check()
+        if not ready:
+            continue
+        try:
+            ref = next(stream)
+        except StopIteration:
+            return
+        yield ray.get(ref)

@@ -142,8 +142,9 @@ class SweepRecord:
             self.say(f"warn   MLflow: could not finish the sweep run ({type(e).__name__}: {str(e)[:160]})")
 
     def close_children(self, stopped: set[str]) -> None:
-        """Trials ASHA stopped (or killed) leave their MLflow runs open: mark them KILLED, tagged
-        growpipe.stopped_early (run names listed in `stopped`, or any child still RUNNING)."""
+        """Mark KILLED the MLflow runs of the trials named in `stopped` (stopped early by ASHA: tagged
+        growpipe.stopped_early) and of any trial still RUNNING (killed with its process, e.g. by an
+        interrupted sweep)."""
         if self.run_id is None:
             return
         try:
@@ -362,6 +363,7 @@ def _unfinished(spec: SweepSpec, out: Path) -> bool:
 
 
 def _interrupted(record: SweepRecord, state: SweepState, spec: SweepSpec, say: Callable[[str], None]) -> None:
+    record.close_children(set())  # a trial Tune killed mid-epoch could not end its run: KILLED, like the sweep
     record.finish({}, [], "KILLED")
     state.write(status="interrupted")
     say(f"sweep  {spec.name} interrupted; run the same growpipe sweep command again to resume it "

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import time
-from pathlib import Path
 from typing import Any
 
 from growpipe.tune.predictions import StoredExits
@@ -28,11 +26,17 @@ def train_trial(
 ) -> None:
     """Train one net on Ray with the trial's `params`: its stages go into the bundles 1.. of the trial's
     placement group (bundle 0 is this function's), every epoch is reported to Tune (so ASHA can stop it)
-    with the run checkpoint of that epoch (`save_checkpoint`), and the last report carries the final
-    metrics. A trial Tune restarts (Tuner.restore, or PBT copying another trial's net) resumes from the
-    checkpoint Tune hands it: topology, weights and growth history, in the same MLflow run. The trial's own
-    run checkpoints live in `runs_dir`/NAME; a restarted trial that Tune hands none (the sweep was stopped
-    before Tune recorded the trial's last report) goes on from the newest of those instead of starting over."""
+    with the run checkpoint written at that epoch's end (`save_checkpoint`), and the last report carries the
+    final metrics. The run trains an epoch only once Tune has answered the report of the one before, so a
+    trial Tune stops has trained (and logged to MLflow) exactly the epochs Tune saw. Tune's
+    training_iteration is the epoch: a restarted trial goes on counting where its checkpoint left off.
+
+    A trial Tune restarts (Tuner.restore, or PBT copying another trial's net) resumes from the checkpoint Tune
+    hands it: topology, weights and growth history, in the same MLflow run. The trial's own
+    run checkpoints live in `runs_dir`/NAME; a restarted trial whose own newest end of epoch is newer than the
+    checkpoint Tune hands it (or Tune hands none: the sweep was stopped after the trial wrote it, before Tune
+    recorded its report) goes on from that one, and first reports to Tune the epochs Tune has not seen, so
+    that Tune and MLflow keep the same epochs."""
     from ray import tune
     from ray.util import get_current_placement_group
 
@@ -52,51 +56,62 @@ def train_trial(
     cfg = trial_config(base, params, f"trial {ctx.get_trial_name()}")
     last_epoch = cfg.total_epochs()
     store = CheckpointStore(runs_dir, name)
-    held: list[dict[str, Any]] = []
+    held: list[tuple[dict[str, Any], str | None]] = []
 
-    def to_tune(row: dict[str, Any]) -> dict[str, float]:  # losses go to MLflow; Tune's table shows accuracy
-        return {k: v for k, v in epoch_metrics(row).items() if not k.startswith("loss.") or k == metric}
+    def to_tune(row: dict[str, Any]) -> dict[str, float]:
+        """Losses go to MLflow, Tune's table shows accuracy; training_iteration is the epoch (Tune keeps a
+        value reported for it), the step MLflow logs the row at, also after a restart or a PBT copy."""
+        kept = {k: v for k, v in epoch_metrics(row).items() if not k.startswith("loss.") or k == metric}
+        return {**kept, "training_iteration": row["epoch"]}
 
-    def checkpoint_after(epoch: int) -> Any:
-        """The run checkpoint written at the end of `epoch` (the loop writes it right after the epoch row)."""
-        if given is not None and epoch <= done_before:  # nothing trained since the checkpoint Tune handed us
-            return given
-        deadline = time.monotonic() + 60
-        while save_checkpoint and time.monotonic() < deadline:
-            ref = store.latest()
-            if ref is not None and ref.epoch >= epoch and ref.batch == 0:
-                return tune.Checkpoint.from_directory(ref.path)
-            time.sleep(0.05)
-        return None
+    def checkpoint_of(path: str | None) -> Any:
+        return tune.Checkpoint.from_directory(path) if path else None
 
-    done_before = 0  # epochs Tune already has (a restarted trial's checkpoint)
-    given = tune.get_checkpoint() or _own_epoch_checkpoint(store, save_checkpoint)
+    done_before = 0  # epochs the checkpoint the trial starts from holds
+    given, known = _starting_point(store, name, tune.get_checkpoint(), save_checkpoint)
 
-    def report(row: dict[str, Any]) -> None:
-        if row["epoch"] <= done_before:  # the restored history: reported by the trial's earlier start
-            return
+    def report(row: dict[str, Any], checkpoint: str | None) -> None:
+        """An epoch's row and the checkpoint written at its end (the run waits for this to return)."""
         if row["epoch"] >= last_epoch:  # reported below, with the final metrics
-            held.append(row)
+            held.append((row, checkpoint))
         else:
-            tune.report(to_tune(row), checkpoint=checkpoint_after(row["epoch"]))
+            tune.report(to_tune(row), checkpoint=checkpoint_of(checkpoint))
 
     with given.as_directory() if given else contextlib.nullcontext() as resume:
         if resume:
-            done_before = _note_copy(cfg, name, resume)
+            manifest = store.read_manifest(resume)
+            done_before = _note_copy(cfg, name, manifest)
+            for row in manifest["history"]:  # trained (and in MLflow) before Tune recorded them
+                if row["epoch"] > known:
+                    report(row, resume if row["epoch"] == done_before else None)
         pg = get_current_placement_group()
         with Pipeline(cfg, run_name=name, reserved=(pg, 1) if pg else None, resume=resume) as p:
             summary = p.train(progress=None, on_epoch=report, keep_net=False)
-            final = to_tune(held[-1] if held else summary["history"][-1])
+            row, path = held[-1] if held else (summary["history"][-1], None)
+            final = to_tune(row)
             final.update(final_test_accuracy=summary["test_accuracy"], epochs_run=summary["epochs"])
-            tune.report(final, checkpoint=checkpoint_after(summary["epochs"]))
+            # nothing trained since the checkpoint Tune handed over: that one is the run's end
+            checkpoint = checkpoint_of(path) or (given if summary["epochs"] <= done_before else None)
+            tune.report(final, checkpoint=checkpoint)
 
 
-def _own_epoch_checkpoint(store: Any, enabled: bool) -> Any:
-    """The newest end-of-epoch checkpoint the trial wrote itself in an earlier start, as a Tune checkpoint."""
+def _starting_point(store: Any, name: str, handed: Any, enabled: bool) -> tuple[Any, int]:
+    """Where a (re)started trial goes on from, and the epochs Tune has of it: the checkpoint Tune `handed`
+    over (Tuner.restore, or PBT's copy of another trial's net), unless the trial's own run checkpoints hold a
+    newer end of epoch of its own."""
     from ray import tune
 
-    ref = store.latest() if enabled else None
-    return tune.Checkpoint.from_directory(ref.path) if ref is not None and ref.batch == 0 else None
+    known = 0
+    if handed is not None:
+        with handed.as_directory() as path:
+            manifest = store.read_manifest(path)
+        known = int(manifest["epoch"])
+        if manifest["run"] != name:  # PBT's copy of another trial: its net, whatever this trial wrote
+            return handed, known
+    own = store.latest() if enabled else None
+    if own is not None and own.batch == 0 and own.epoch > known:
+        return tune.Checkpoint.from_directory(own.path), known
+    return handed, known
 
 
 def _existing_child(tracking: dict[str, Any], name: str) -> str | None:
@@ -112,12 +127,9 @@ def _existing_child(tracking: dict[str, Any], name: str) -> str | None:
     return None
 
 
-def _note_copy(cfg: Any, name: str, resume: str) -> int:
-    """The epochs the checkpoint a restarted trial starts from holds; when PBT handed it another trial's
-    net, say so in the trial's MLflow run."""
-    import json
-
-    manifest = json.loads((Path(resume) / "manifest.json").read_text())
+def _note_copy(cfg: Any, name: str, manifest: dict[str, Any]) -> int:
+    """The epochs the checkpoint a restarted trial starts from holds (its `manifest`, format-checked); when
+    PBT handed it another trial's net, say so in the trial's MLflow run."""
     if manifest.get("run") == name or not cfg.tracking.mlflow or not cfg.tracking.run_id:
         return int(manifest["epoch"])
     with contextlib.suppress(Exception):
