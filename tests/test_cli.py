@@ -218,23 +218,44 @@ def test_a_missing_ray_auth_token_is_named_with_the_fix(tmp_path: Path):
     assert "uses token authentication and no token was found here" in out.stderr and "~/.ray/auth_token" in out.stderr
 
 
-def test_a_job_in_rays_temporary_working_directory_is_warned_where_its_results_would_go(tmp_path, monkeypatch):
-    from growpipe.prepare import resolve_paths, temporary_workdir_warning
+def test_a_job_in_rays_temporary_working_directory_keeps_its_results_in_a_durable_default(tmp_path, monkeypatch,
+                                                                                           capsys):  # fmt: skip
+    """What Ray sets for a job (RAY_JOB_CONFIG_JSON_ENV_VAR, the cwd in its working_dir_files copy): the run's
+    MLflow store and checkpoints go to ~/growpipe_results, said once; GROWPIPE_WORKDIR chooses another place."""
+    from growpipe.prepare import resolve_paths
     from tests.conftest import tiny_config
 
-    cfg = tiny_config(tracking={"mlflow": True}, checkpoint={"enabled": True})
-    job_dir = tmp_path / "runtime_resources" / "working_dir_files" / "_ray_pkg_1234"
+    job_dir = tmp_path / "session_1" / "runtime_resources" / "working_dir_files" / "_ray_pkg_1234"
     job_dir.mkdir(parents=True)
     monkeypatch.chdir(job_dir)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("GROWPIPE_WORKDIR", raising=False)
-    warning = temporary_workdir_warning(cfg)
-    assert (
-        warning and "MLFLOW_TRACKING_URI" in warning and "checkpoint.uri" in warning and "GROWPIPE_WORKDIR" in warning
-    )
+    sets = ["tracking.mlflow=true", "checkpoint.enabled=true", "name=job"]
+    assert main(["train", "--runtime", "local", *FAST, *(a for kv in sets for a in ("--set", kv))]) == 0
+    out = capsys.readouterr().out
+    results = tmp_path / "home" / "growpipe_results"
+    assert out.count("store  results in") == 1 and f"store  results in {results} (Ray job working dir" in out
+    assert (results / "runs" / "mlflow.db").is_file() and (results / "runs" / "checkpoints" / "job").is_dir()
+    assert not list(job_dir.iterdir())  # nothing in the copy that goes away with the job
     monkeypatch.setenv("GROWPIPE_WORKDIR", str(tmp_path / "keep"))  # what raylocal/submit sets
-    assert temporary_workdir_warning(cfg) is None
-    resolved = resolve_paths(cfg)
+    resolved = resolve_paths(tiny_config(tracking={"mlflow": True}, checkpoint={"enabled": True}))
     assert resolved.checkpoint.uri == str(tmp_path / "keep" / "runs" / "checkpoints")
     assert resolved.tracking.uri == f"sqlite:///{tmp_path / 'keep' / 'runs' / 'mlflow.db'}"
+
+
+def test_a_results_directory_that_does_not_exist_is_one_line_from_the_command_and_the_api(tmp_path, monkeypatch,
+                                                                                          capsys):  # fmt: skip
+    import growpipe
+    from growpipe.errors import ConfigError
+
+    missing = tmp_path / "nowhere"
+    monkeypatch.setenv("GROWPIPE_WORKDIR", str(missing))
+    assert main(["train", "--runtime", "local", *FAST]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[1:] == [f"  GROWPIPE_WORKDIR={missing}: does not exist; give an existing directory for the run's "
+                       "results (mkdir it) or unset it"], err  # fmt: skip
+    with pytest.raises(ConfigError, match="GROWPIPE_WORKDIR=.*does not exist"):
+        growpipe.train({"train": {"epochs": 1}}, runtime="local", progress=None)
+    assert not missing.exists()

@@ -216,38 +216,27 @@ def build_parser() -> argparse.ArgumentParser:
 def _cmd_train(args: argparse.Namespace) -> int:
     from growpipe.api import train
     from growpipe.checkpoint import save_net
-    from growpipe.config import load_config
     from growpipe.errors import OutputError
     from growpipe.outputs import write_json
-    from growpipe.prepare import resolve_paths, temporary_workdir_warning
+    from growpipe.prepare import prepare_run
     from growpipe.progress import EpochBar
     from growpipe.report import format_report, format_stage_table, format_topology_changes
     from growpipe.tracking import ui_command
 
-    resume_from = None
-    if args.resume:
-        from growpipe.resume import plan_resume
-
-        cfg, ref = plan_resume(args.config, args.overrides, args.resume)
-        resume_from = ref.path if ref else None
-        print(f"resume {resume_from or 'nothing to resume: starting run ' + repr(cfg.name)}")
-    else:
-        cfg = load_config(args.config, args.overrides)
-    if args.overwrite:
-        cfg = cfg.model_copy(update={"checkpoint": cfg.checkpoint.model_copy(update={"overwrite": True})})
-    if warning := temporary_workdir_warning(cfg):
-        print(warning)
-    cfg = resolve_paths(cfg)
     outputs = {
         "--json-out": (args.json_out, "json"),
         "--save": (args.save, "checkpoint"),
         "--plot-out": (args.plot_out, "png"),
         "--trace-out": (args.trace_out, "json"),
     }
+    overrides = [*args.overrides, *(["checkpoint.overwrite=true"] if args.overwrite else [])]
+    prepared = prepare_run(args.config, overrides, resume_run=args.resume, runtime=args.runtime,
+                           address=args.address, outputs=outputs)  # fmt: skip
+    cfg = prepared.cfg
     bar = EpochBar()  # a redrawn bar per epoch in a terminal; plain lines in job logs and pipes
     progress = None if args.quiet else bar.line
-    run = train(cfg, args.runtime, args.address, progress, keep_net=bool(args.save),
-                bar=None if args.quiet else bar, resume=resume_from, outputs=outputs)  # fmt: skip
+    run = train(prepared, args.runtime, args.address, progress, keep_net=bool(args.save),
+                bar=None if args.quiet else bar)  # fmt: skip
     summary = run.result
     print(format_report(summary))
     if "stages" in summary:
