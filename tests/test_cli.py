@@ -180,6 +180,35 @@ def test_problems_found_before_ray_are_reported_together_and_nothing_runs(tmp_pa
     assert "net.blocks: the run's 64 block(s) need 64 CPUs" in err and "--address" in err
 
 
+def test_config_mistakes_are_listed_with_every_other_problem_from_the_command_and_the_api(tmp_path: Path, capsys):
+    """A field pydantic refuses does not hide the rest: the data that is not there (on Ray, before any actor
+    starts), an output that cannot be written, an unknown bp_schedule; one ConfigError, one line each."""
+    import growpipe
+    from growpipe.errors import ConfigError
+
+    sets = ["method=bp", "runtime.bp_schedule=pipedream", "net.widht=3", "data.name=fashion-mnist",
+            f"data.root={tmp_path / 'none'}"]  # fmt: skip
+    out = "/proc/forbidden/r.json"
+    code = main(["train", *FAST, *(a for kv in sets for a in ("--set", kv)), "--json-out", out])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[0].endswith("4 problem(s) before the run"), err
+    assert len(err) == 5 and err[1:4] == [
+        "  net.widht: unknown field; check the spelling (see configs/ for every field)",
+        "  runtime.bp_schedule: got 'pipedream'; input should be 'gpipe', '1f1b' or 'ddp'",
+        f"  data.root: {tmp_path / 'none'} does not exist; point it at the directory of the fashion-mnist files",
+    ], err
+    assert err[4].startswith(f"  --json-out {out}: /proc is not writable"), err
+    raw = {"method": "bp", "runtime": {"bp_schedule": "pipedream"}, "tracking": {"mlflow": False}}
+    for runtime in ("ray", "local"):
+        with pytest.raises(ConfigError) as caught:
+            growpipe.train(raw, runtime=runtime, progress=None)
+        lines = str(caught.value).splitlines()
+        assert lines == [
+            "1 problem(s) before the run",
+            "  runtime.bp_schedule: got 'pipedream'; input should be 'gpipe', '1f1b' or 'ddp'",
+        ]
+
+
 def test_evaluate_reads_run_checkpoints_and_refuses_a_damaged_saved_net(tmp_path: Path, capsys):
     from growpipe.checkpoint import CheckpointStore
     from growpipe.local import train_local
@@ -232,7 +261,14 @@ def test_a_job_in_rays_temporary_working_directory_keeps_its_results_in_a_durabl
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("GROWPIPE_WORKDIR", raising=False)
-    sets = ["tracking.mlflow=true", "checkpoint.enabled=true", "name=job"]
+    sets = [
+        "tracking.mlflow=true",
+        "tracking.log_model=false",
+        "tracking.system_metrics=false",
+        "checkpoint.enabled=true",
+        "name=job",
+        "data.limit_train=256",
+    ]
     assert main(["train", "--runtime", "local", *FAST, *(a for kv in sets for a in ("--set", kv))]) == 0
     out = capsys.readouterr().out
     results = tmp_path / "home" / "growpipe_results"

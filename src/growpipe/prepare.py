@@ -195,10 +195,11 @@ def check_run(cfg: RunConfig, outputs: dict[str, tuple[str | None, Kind]] | None
               on_ray: bool = False) -> None:  # fmt: skip
     """Everything about a run that can be checked before Ray starts, reported together (ConfigError, one
     line per problem, after `problems` found before): where results go, the checkpoint URI and the run's
-    folder in it (`fresh`: a new run, not a resume), the tracking URI, the data (found from here, before any
-    actor reads it), the files the run will write (`outputs`: flag -> (path, kind)), what BP on Ray needs
-    (`on_ray`) and, for an embedded Ray, whether this machine can hold the run's workers. `warn` gets what
-    will not stop the run (an MLflow server that does not answer)."""
+    folder in it (`fresh`: a new run, not a resume), the tracking URI, the data (looked for here before any
+    actor reads it: refused when the stages run on this machine, `warn`ed on a cluster), the files the run
+    will write (`outputs`: flag -> (path, kind)), what BP on Ray needs (`on_ray`) and, for an embedded Ray,
+    whether this machine can hold the run's workers. `warn` gets what will not stop the run (an MLflow
+    server that does not answer)."""
     from growpipe.data.presence import data_problem
 
     problems = list(problems or [])
@@ -224,7 +225,10 @@ def check_run(cfg: RunConfig, outputs: dict[str, tuple[str | None, Kind]] | None
                 f"send in {cfg.tracking.workdir}/mlflow-unsent-{cfg.name}-*.jsonl (growpipe mlflow replay sends it)"
             )
     if why := data_problem(cfg.data):
-        problems.append(why)
+        if embedded_ray or not on_ray:  # the stages read it on this machine
+            problems.append(why)
+        elif warn:  # a cluster's stage 0 may run on a node that has it: that node's read says for sure
+            warn(f"warn   {why} (from this node; the run's first stage looks again on its own node)")
     problems += check_outputs(outputs or {})
     refuse(problems)
 
