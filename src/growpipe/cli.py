@@ -417,7 +417,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     spec = load_sweep(args.file, args.overrides)
     _check_outputs({"--json-out": (args.json_out, "json")})
     if args.check:
-        _, cfgs = prepare(spec)
+        _, cfgs = prepare(spec, args.address, print)
         print(f"{args.file}: ok ({spec.kind}, {len(cfgs)} search-space corners checked as run configs)")
         return 0
     summary = run_sweep(spec, args.address, resume=True if args.resume else False if args.fresh else None)

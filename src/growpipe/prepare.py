@@ -193,16 +193,23 @@ def read_config(config: ConfigSource, overrides: list[str] | None = None) -> tup
 def check_run(cfg: RunConfig, outputs: dict[str, tuple[str | None, Kind]] | None = None, embedded_ray: bool = False,
               fresh: bool = True, warn: Callable[[str], None] | None = None, problems: list[str] | None = None,
               on_ray: bool = False) -> None:  # fmt: skip
-    """Everything about a run that can be checked before Ray starts, reported together (ConfigError, one
-    line per problem, after `problems` found before): where results go, the checkpoint URI and the run's
-    folder in it (`fresh`: a new run, not a resume), the tracking URI, the data (looked for here before any
-    actor reads it: refused when the stages run on this machine, `warn`ed on a cluster), the files the run
-    will write (`outputs`: flag -> (path, kind)), what BP on Ray needs (`on_ray`) and, for an embedded Ray,
+    """ConfigError listing `problems` found before and every run_problems, one line each (none: nothing)."""
+    refuse([*(problems or []), *run_problems(cfg, outputs, embedded_ray, fresh, warn, on_ray)])
+
+
+def run_problems(cfg: RunConfig, outputs: dict[str, tuple[str | None, Kind]] | None = None, embedded_ray: bool = False,
+                 fresh: bool = True, warn: Callable[[str], None] | None = None, on_ray: bool = False,
+                 data_here: bool | None = None) -> list[str]:  # fmt: skip
+    """Everything about a run that can be checked before Ray starts, one line per problem: where results go,
+    the checkpoint URI and the run's folder in it (`fresh`: a new run, not a resume), the tracking URI, the
+    data (looked for here before any actor reads it: a problem when the stages read it on this machine,
+    `data_here`, by default with an embedded Ray or no Ray; `warn`ed on a cluster), the files the run will
+    write (`outputs`: flag -> (path, kind)), what BP on Ray needs (`on_ray`) and, for an embedded Ray,
     whether this machine can hold the run's workers. `warn` gets what will not stop the run (an MLflow
     server that does not answer)."""
     from growpipe.data.presence import data_problem
 
-    problems = list(problems or [])
+    problems = []
     if why := storage_problem():
         problems.append(why)
     if embedded_ray and (why := embedded_capacity_problem(cfg)):
@@ -225,12 +232,12 @@ def check_run(cfg: RunConfig, outputs: dict[str, tuple[str | None, Kind]] | None
                 f"send in {cfg.tracking.workdir}/mlflow-unsent-{cfg.name}-*.jsonl (growpipe mlflow replay sends it)"
             )
     if why := data_problem(cfg.data):
-        if embedded_ray or not on_ray:  # the stages read it on this machine
+        if data_here if data_here is not None else embedded_ray or not on_ray:
             problems.append(why)
         elif warn:  # a cluster's stage 0 may run on a node that has it: that node's read says for sure
             warn(f"warn   {why} (from this node; the run's first stage looks again on its own node)")
     problems += check_outputs(outputs or {})
-    refuse(problems)
+    return problems
 
 
 def refuse(problems: list[str]) -> None:
