@@ -23,7 +23,9 @@ FAST = [
 ]
 
 
-def test_train_writes_result_json_and_checkpoint_then_evaluate(tmp_path: Path, capsys):
+def test_train_writes_result_json_and_checkpoint_then_evaluate(tmp_path: Path, capsys, monkeypatch):
+    (tmp_path / "workdir").mkdir()
+    monkeypatch.setenv("GROWPIPE_WORKDIR", str(tmp_path / "workdir"))
     out, ck = tmp_path / "r" / "result.json", tmp_path / "ck"
     grow = ["--set", "grow.schedule=[{kind: layer, epochs: 1}]"]
     assert main(["train", *FAST, *grow, "--json-out", str(out), "--save", str(ck)]) == 0  # on Ray
@@ -34,6 +36,8 @@ def test_train_writes_result_json_and_checkpoint_then_evaluate(tmp_path: Path, c
                 "samples_per_second", "adaptive", "growth"):  # fmt: skip
         assert key in r
     assert (r["method"], r["dataset"], r["blocks"], r["epochs"]) == ("al", "digits", 3, 2)
+    (record,) = [json.loads(f.read_text()) for f in (tmp_path / "workdir" / "runs" / "clusters").glob("*.json")]
+    assert record["address"] and text.count(f"run    {record['run']}") == 1  # the cluster growpipe grow asks
     png = tmp_path / "plots" / "acc.png"
     assert main(["evaluate", "--checkpoint", str(ck), "--set", "eval.thresholds=[0.9]", "--json-out",
                  str(tmp_path / "ev.json"), "--plot-out", str(png)]) == 0  # fmt: skip
@@ -295,3 +299,19 @@ def test_a_results_directory_that_does_not_exist_is_one_line_from_the_command_an
     with pytest.raises(ConfigError, match="GROWPIPE_WORKDIR=.*does not exist"):
         growpipe.train({"train": {"epochs": 1}}, runtime="local", progress=None)
     assert not missing.exists()
+
+
+def test_grow_asks_the_cluster_given_else_the_one_the_run_recorded(tmp_path: Path):
+    from growpipe.runtime.cluster_record import choose_cluster, record_cluster, recorded_address
+
+    assert recorded_address("r", [tmp_path / "a"]) is None
+    path = record_cluster(tmp_path / "b", "r", "10.0.0.5:6379")
+    assert path == tmp_path / "b" / "clusters" / "r.json" and not list(path.parent.glob(".*.tmp"))
+    recorded = recorded_address("r", [tmp_path / "a", tmp_path / "b"])
+    assert recorded == ("10.0.0.5:6379", path)
+    assert choose_cluster("ray://h:10001", "1.2.3.4:6379", recorded) == ("ray://h:10001", "--address ray://h:10001")
+    assert choose_cluster(None, "1.2.3.4:6379", recorded) == ("1.2.3.4:6379", "RAY_ADDRESS=1.2.3.4:6379")
+    assert choose_cluster(None, None, recorded) == ("10.0.0.5:6379", f"recorded when the run started, {path}")
+    assert choose_cluster(None, None, None)[0] == "auto"
+    (tmp_path / "b" / "clusters" / "r.json").write_text("{not json")
+    assert recorded_address("r", [tmp_path / "b"]) is None

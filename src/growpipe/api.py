@@ -58,22 +58,29 @@ def train(
     from growpipe.runtime.pipeline import Pipeline
 
     with Pipeline(cfg, address, resume=prepared.resume) as p:
+        import ray
+
+        from growpipe.runtime.cluster_record import record_cluster
+
+        record_cluster(cfg.tracking.workdir, p.run_name, ray.get_runtime_context().gcs_address)
         result = p.train(progress, bar=bar, keep_net=keep_net)
         return RunResult(result, p.final_net() if keep_net else None)
 
 
 def grow(run: str, request: dict[str, Any] | None = None, *, address: str | None = None, timeout_s: float = 600.0,
-         **fields: Any) -> dict[str, Any]:  # fmt: skip
+         say: Callable[[str], None] | None = None, **fields: Any) -> dict[str, Any]:  # fmt: skip
     """Ask running job `run` to append a block (`request` and/or fields: kind, group, width, input_size);
-    returns what was added (block, blocks, epoch, batch, stage). The request is validated before the
-    cluster is reached; a refusal raises InputError with the run's reason."""
+    returns what was added (block, blocks, epoch, batch, stage). The cluster asked: `address`, else
+    $RAY_ADDRESS, else the one recorded when the run started (RUNS/clusters/NAME.json), else the newest on this
+    machine; `say` gets the line naming it. The request is validated before the cluster is reached; a
+    refusal raises InputError with the run's reason."""
     from growpipe.config import check_run_name, parse_grow_request
     from growpipe.runtime.client import connect_existing, request_growth
 
     ask = {**(request or {}), **{k: v for k, v in fields.items() if v is not None}}
     check_run_name(run, "--run")
     parse_grow_request(ask)
-    connect_existing(address)
+    (say or (lambda _line: None))(connect_existing(address, run))
     return request_growth(run, ask, timeout_s)
 
 

@@ -82,7 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "refused unless the last block produces exactly that many")  # fmt: skip
     gr.add_argument("--spec", metavar="YAML", help="the request as YAML/JSON (inline or a file): kind, group, "
                     "width, input_size; the flags above override it")  # fmt: skip
-    gr.add_argument("--address", metavar="ADDR", help="Ray cluster (default: $RAY_ADDRESS, else the local one)")
+    gr.add_argument("--address", metavar="ADDR", help="Ray cluster (default: $RAY_ADDRESS, else the one the run "
+                    "recorded when it started in runs/clusters/NAME.json, else the newest local one; an explicit "
+                    "address of a token-auth cluster needs RAY_AUTH_MODE=token)")  # fmt: skip
     gr.add_argument("--timeout", type=float, default=600.0, metavar="S", help="longest wait for the answer (600)")
 
     sw = sub.add_parser(
@@ -307,7 +309,7 @@ def _cmd_grow(args: argparse.Namespace) -> int:
 
     from growpipe.api import grow
 
-    answer = grow(args.run, _grow_request(args), address=args.address, timeout_s=args.timeout)
+    answer = grow(args.run, _grow_request(args), address=args.address, timeout_s=args.timeout, say=print)
     where = f" at epoch {answer['epoch'] + 1} batch {answer['batch']}" if answer.get("batch") is not None else ""
     print(
         f"run {args.run}: +{answer['kind']} block {answer['block']} -> {answer['blocks']} blocks, "
