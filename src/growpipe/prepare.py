@@ -1,6 +1,7 @@
-"""The preparation step every entry point (growpipe train, the Python API, sweeps) takes before any actor
-starts: paths made absolute where the run is started, every check that needs no cluster collected and
-reported together, and the run's store and callbacks."""
+"""The preparation step every entry point (growpipe train, the Python API, sweeps, jobs/) takes once before
+any actor starts (prepare_run): the config validated, paths made absolute against where results go
+(base_dir), the resume decided, every check that needs no cluster collected and reported together; and the
+run's store and callbacks."""
 
 from __future__ import annotations
 

@@ -265,11 +265,13 @@ def run_sweep(spec: SweepSpec, address: str | None = None, say: Callable[[str], 
     KILLED, says how to resume, and raises KeyboardInterrupt."""
     from ray import tune
 
-    from growpipe.prepare import resolve_paths
+    from growpipe.prepare import resolve_paths, storage_note
     from growpipe.runtime.pipeline import connect
 
     addr = address or os.environ.get("RAY_ADDRESS")
     base, cfgs = prepare(spec, addr, say)
+    if note := storage_note():
+        say(note)
     base_cfg = resolve_paths(build_config(base, "base config"))
     base = {**base, "tracking": base_cfg.tracking.model_dump(mode="json")}
     out = spec.out_dir()
