@@ -137,6 +137,18 @@ def test_evaluate_refuses_overrides_and_data_the_checkpoint_was_not_trained_on(t
     capsys.readouterr()
     assert main(["evaluate", "--checkpoint", str(ck), "--set", "net.blocks=4"]) == 2
     assert "evaluate takes eval.* and data.root" in capsys.readouterr().err
+    # the override, the data that is not there, a bad threshold and an output: together, before any reading
+    bad = ["--set", "net.blocks=4", "--set", f"data.root={tmp_path / 'none'}", "--set", "eval.thresholds=[]"]
+    assert main(["evaluate", "--checkpoint", str(ck), *bad, "--json-out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].endswith("3 problem(s) before the run") and len(err) == 4, err
+    assert "--set net.blocks=4: evaluate takes" in err[1] and err[2].startswith("  eval.thresholds: give at least")
+    assert err[3].startswith(f"  --json-out {tmp_path}: is a folder"), err
+    import growpipe
+    from growpipe.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="eval.thresholds: give at least one"):
+        growpipe.evaluate(ck, ["eval.thresholds=[]"])
     fm = tmp_path / "fm"
     fm.mkdir()
     import numpy as np

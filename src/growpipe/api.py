@@ -84,12 +84,14 @@ def grow(run: str, request: dict[str, Any] | None = None, *, address: str | None
     return request_growth(run, ask, timeout_s)
 
 
-def evaluate(checkpoint: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
+def evaluate(checkpoint: str | Path, overrides: list[str] | None = None,
+             outputs: dict[str, tuple[str | None, Kind]] | None = None) -> dict[str, Any]:  # fmt: skip
     """Every exit and the adaptive trade-off of a checkpoint's net on its test split (`overrides`: eval.*,
-    data.root, data.download, data.limit_test as key=value)."""
+    data.root, data.download, data.limit_test as key=value; `outputs`: the files the caller will write,
+    checked with the rest before the data is read: see growpipe.evaluation.load_for_evaluation)."""
     from growpipe.evaluation import evaluate_net, load_for_evaluation
 
-    net, bundle, cfg = load_for_evaluation(checkpoint, overrides)
+    net, bundle, cfg = load_for_evaluation(checkpoint, overrides, outputs)
     ev = evaluate_net(net, bundle, cfg.eval, early_exit=True)
     ev.update(method=cfg.method, dataset=cfg.data.name, blocks=net.depth)
     return ev

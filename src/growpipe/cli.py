@@ -332,8 +332,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     from growpipe.outputs import write_json
     from growpipe.report import format_exits
 
-    _check_outputs({"--json-out": (args.json_out, "json"), "--plot-out": (args.plot_out, "png")})
-    ev = evaluate(args.checkpoint, args.overrides)
+    ev = evaluate(args.checkpoint, args.overrides, {"--json-out": (args.json_out, "json"),
+                                                    "--plot-out": (args.plot_out, "png")})  # fmt: skip
     print(f"{ev['method']} on {ev['dataset']}: {ev['blocks']} blocks, full-path accuracy {ev['full_accuracy']:.4f}")
     print(format_exits(ev))
     if args.plot_out:
