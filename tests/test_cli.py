@@ -1,6 +1,7 @@
 """The growpipe command end to end on digits: train, result JSON, checkpoint, evaluate, data; bad input."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -327,3 +328,42 @@ def test_grow_asks_the_cluster_given_else_the_one_the_run_recorded(tmp_path: Pat
     assert choose_cluster(None, None, None)[0] == "auto"
     (tmp_path / "b" / "clusters" / "r.json").write_text("{not json")
     assert recorded_address("r", [tmp_path / "b"]) is None
+
+
+def test_grow_against_a_recorded_cluster_that_is_gone_is_one_line_at_once(tmp_path: Path):
+    """ray.init waits minutes for a GCS that is gone: the address is probed first (in a process of its own:
+    this one may be connected to the test session's Ray)."""
+    import socket
+    import subprocess
+    import sys
+
+    from growpipe.runtime.cluster_record import record_cluster
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        gone = f"127.0.0.1:{s.getsockname()[1]}"
+    env = {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, "GROWPIPE_WORKDIR": str(tmp_path)}
+    record = record_cluster(tmp_path / "runs", "ended", gone)
+    grow = [sys.executable, "-m", "growpipe.cli", "grow", "--run", "ended"]
+    out = subprocess.run(grow, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        f"growpipe grow: error: --run ended: the cluster it started on ({gone}, recorded when the run started, "
+        f"{record}) does not answer (Connection refused); the run may have ended, or give --address / RAY_ADDRESS"
+    ], out.stderr
+    out = subprocess.run([*grow, "--address", gone], env=env, capture_output=True, text=True, timeout=120)
+    assert (
+        out.returncode == 2 and f"--address {gone}: no Ray cluster answers at {gone} (Connection refused)" in out.stderr
+    )
+
+
+def test_what_bp_on_ray_needs_is_listed_with_the_rest(tmp_path: Path):
+    import growpipe
+    from growpipe.errors import ConfigError
+
+    raw = {"method": "bp", "runtime": {"bp_schedule": "1f1b"}, "net": {"blocks": 3}, "data": {"limit_train": 64}}
+    with pytest.raises(ConfigError) as caught:  # refused before any cluster is asked
+        growpipe.train(raw, address="ray://nowhere:10001", outputs={"--json-out": (str(tmp_path), "json")})
+    lines = str(caught.value).splitlines()
+    assert lines[0] == "2 problem(s) before the run" and len(lines) == 3, lines
+    assert lines[1].startswith("  data.batch_size: an epoch has 1 batch(es) for 3 stages; 1F1B needs")
+    assert lines[2].startswith(f"  --json-out {tmp_path}: is a folder")

@@ -23,19 +23,18 @@ def connect_existing(address: str | None = None, run: str | None = None) -> str:
     global _chosen_by
     if not ray.is_initialized():
         from growpipe.prepare import JOB_RESULTS_DIR, absolute
-        from growpipe.runtime.cluster_record import choose_cluster, recorded_address
+        from growpipe.runtime.cluster_record import choose_cluster, gcs_unreachable, recorded_address
         from growpipe.runtime.pipeline import join_cluster
 
         workdirs = [Path(absolute("runs")), Path(JOB_RESULTS_DIR).expanduser() / "runs"]
         recorded = recorded_address(run, workdirs) if run and not address else None
         chosen, _chosen_by = choose_cluster(address, os.environ.get("RAY_ADDRESS"), recorded)
-        try:
-            join_cluster(chosen, log_to_driver=False)
-        except InputError as e:
-            if not _chosen_by.startswith("recorded"):
-                raise
-            raise InputError(f"--run {run}: the cluster it started on ({chosen}, {_chosen_by}) does not answer; the "
-                             f"run may have ended, or give --address / RAY_ADDRESS ({e})") from None  # fmt: skip
+        if why := gcs_unreachable(chosen):
+            if _chosen_by.startswith("recorded"):
+                raise InputError(f"--run {run}: the cluster it started on ({chosen}, {_chosen_by}) does not answer "
+                                 f"({why}); the run may have ended, or give --address / RAY_ADDRESS")  # fmt: skip
+            raise InputError(f"{_chosen_by}: no Ray cluster answers at {chosen} ({why}); check the address")
+        join_cluster(chosen, log_to_driver=False)
     gcs = ray.get_runtime_context().gcs_address
     return f"grow   asking run {run} on cluster {gcs} ({_chosen_by})"
 

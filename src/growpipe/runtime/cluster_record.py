@@ -5,6 +5,7 @@ last on the machine."""
 from __future__ import annotations
 
 import json
+import socket
 import time
 from pathlib import Path
 
@@ -49,3 +50,17 @@ def choose_cluster(flag: str | None, env: str | None, recorded: tuple[str, Path]
     if recorded:
         return recorded[0], f"recorded when the run started, {recorded[1]}"
     return "auto", "no --address, RAY_ADDRESS or record of the run: the newest Ray started on this machine"
+
+
+def gcs_unreachable(address: str, timeout_s: float = 3.0) -> str | None:
+    """Why nothing answers at a GCS `address` (HOST:PORT) now (None: something listens, or the address is not
+    of that form: auto, ray://, http://). Checked first because ray.init waits minutes for a GCS that is
+    gone."""
+    host, _, port = address.rpartition(":")
+    if "://" in address or not host or not port.isdigit():
+        return None
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return None
+    except OSError as e:
+        return e.strerror or type(e).__name__
