@@ -38,7 +38,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"growpipe {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    tr = sub.add_parser("train", help="train (and grow) a network", epilog=EPILOG)
+    tr = sub.add_parser(
+        "train",
+        help="train (and grow) a network",
+        description="Train (and grow) a network. Everything that can be checked first (the config, the data, "
+        "outputs, checkpoint and tracking URIs) is reported together before anything runs. Relative paths "
+        "(runs/, checkpoint.uri) resolve against $GROWPIPE_WORKDIR (an existing directory), else in a Ray job's "
+        "temporary working dir ~/growpipe_results, else the current directory.",
+        epilog=EPILOG,
+    )
     _add_config_args(tr)
     tr.add_argument(
         "--runtime",
