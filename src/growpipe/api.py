@@ -44,7 +44,8 @@ def train(
     reference trainer in this process. `resume`: a checkpoint directory to continue from (in the MLflow run
     of that checkpoint's run). `outputs`: the files the caller will write afterwards (flag -> (path, kind)).
     Everything is checked before the run, the config's own problems included (growpipe.prepare.prepare_run;
-    a PreparedRun is taken as already prepared). Raises a GrowpipeError (its message one line per problem)
+    a PreparedRun is taken as already prepared). On Ray the cluster's address is recorded in
+    tracking.workdir/clusters/NAME.json for growpipe grow. Raises a GrowpipeError (its message one line per problem)
     when the run cannot start or fails; a new run whose name already has checkpoints is refused unless
     checkpoint.overwrite."""
     prepared = config if isinstance(config, PreparedRun) else prepare_run(
