@@ -123,3 +123,30 @@ def test_a_uri_goes_through_pyarrow_filesystems(tmp_path: Path):
     assert store.latest() == ref and (tmp_path / "uri" / "run" / "ckpt-000001-0000005-0001" / "manifest.json").is_file()
     with pytest.raises(CheckpointError, match="checkpoint.uri 'nosuchfs://x'"):
         CheckpointStore("nosuchfs://x", "run")
+
+
+def test_a_local_resume_goes_on_in_the_same_mlflow_run_and_a_ray_one_is_decided_the_same(tmp_path: Path):
+    """The resume (checkpoint and MLflow run) is decided once, in the preparation step every runtime takes."""
+    from mlflow.tracking import MlflowClient
+
+    from growpipe.cli import main
+    from growpipe.prepare import prepare_run
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sets = [f"tracking.uri={uri}", "tracking.mlflow=true", "tracking.experiment=resume", "checkpoint.enabled=true",
+            f"checkpoint.uri={tmp_path / 'ck'}", "name=again", "net.width=32", "al.code_dim=8", "data.limit_train=256",
+            "data.limit_test=64", "tracking.log_model=false", "tracking.system_metrics=false"]  # fmt: skip
+    args = [a for kv in sets for a in ("--set", kv)]
+    assert main(["train", "--runtime", "local", "-q", *args, "--set", "train.epochs=1"]) == 0
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("resume").experiment_id
+    (first,) = client.search_runs([experiment])
+    resume = ["--resume", "again", "--set", f"checkpoint.uri={tmp_path / 'ck'}"]
+    assert main(["train", "--runtime", "local", "-q", *resume, "--set", "train.epochs=2"]) == 0
+    (run,) = client.search_runs([experiment])  # no second run: the first one went on
+    assert run.info.run_id == first.info.run_id and run.info.status == "FINISHED"
+    epochs = [m.step for m in client.get_metric_history(run.info.run_id, "test_accuracy")]
+    assert sorted(set(epochs)) == [1, 2], epochs
+    on_ray = prepare_run(None, ["checkpoint.uri=" + str(tmp_path / "ck")], resume_run="again", runtime="ray",
+                         address="ray://not-asked:10001", say=None)  # fmt: skip
+    assert on_ray.cfg.tracking.run_id == first.info.run_id and "/again/ckpt-000002-" in str(on_ray.resume)

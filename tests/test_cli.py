@@ -1,6 +1,7 @@
 """The growpipe command end to end on digits: train, result JSON, checkpoint, evaluate, data; bad input."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,9 @@ FAST = [
 ]
 
 
-def test_train_writes_result_json_and_checkpoint_then_evaluate(tmp_path: Path, capsys):
+def test_train_writes_result_json_and_checkpoint_then_evaluate(tmp_path: Path, capsys, monkeypatch):
+    (tmp_path / "workdir").mkdir()
+    monkeypatch.setenv("GROWPIPE_WORKDIR", str(tmp_path / "workdir"))
     out, ck = tmp_path / "r" / "result.json", tmp_path / "ck"
     grow = ["--set", "grow.schedule=[{kind: layer, epochs: 1}]"]
     assert main(["train", *FAST, *grow, "--json-out", str(out), "--save", str(ck)]) == 0  # on Ray
@@ -34,6 +37,8 @@ def test_train_writes_result_json_and_checkpoint_then_evaluate(tmp_path: Path, c
                 "samples_per_second", "adaptive", "growth"):  # fmt: skip
         assert key in r
     assert (r["method"], r["dataset"], r["blocks"], r["epochs"]) == ("al", "digits", 3, 2)
+    (record,) = [json.loads(f.read_text()) for f in (tmp_path / "workdir" / "runs" / "clusters").glob("*.json")]
+    assert record["address"] and text.count(f"run    {record['run']}") == 1  # the cluster growpipe grow asks
     png = tmp_path / "plots" / "acc.png"
     assert main(["evaluate", "--checkpoint", str(ck), "--set", "eval.thresholds=[0.9]", "--json-out",
                  str(tmp_path / "ev.json"), "--plot-out", str(png)]) == 0  # fmt: skip
@@ -133,6 +138,18 @@ def test_evaluate_refuses_overrides_and_data_the_checkpoint_was_not_trained_on(t
     capsys.readouterr()
     assert main(["evaluate", "--checkpoint", str(ck), "--set", "net.blocks=4"]) == 2
     assert "evaluate takes eval.* and data.root" in capsys.readouterr().err
+    # the override, the data that is not there, a bad threshold and an output: together, before any reading
+    bad = ["--set", "net.blocks=4", "--set", f"data.root={tmp_path / 'none'}", "--set", "eval.thresholds=[]"]
+    assert main(["evaluate", "--checkpoint", str(ck), *bad, "--json-out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].endswith("3 problem(s) before the run") and len(err) == 4, err
+    assert "--set net.blocks=4: evaluate takes" in err[1] and err[2].startswith("  eval.thresholds: give at least")
+    assert err[3].startswith(f"  --json-out {tmp_path}: is a folder"), err
+    import growpipe
+    from growpipe.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="eval.thresholds: give at least one"):
+        growpipe.evaluate(ck, ["eval.thresholds=[]"])
     fm = tmp_path / "fm"
     fm.mkdir()
     import numpy as np
@@ -180,6 +197,35 @@ def test_problems_found_before_ray_are_reported_together_and_nothing_runs(tmp_pa
     assert "net.blocks: the run's 64 block(s) need 64 CPUs" in err and "--address" in err
 
 
+def test_config_mistakes_are_listed_with_every_other_problem_from_the_command_and_the_api(tmp_path: Path, capsys):
+    """A field pydantic refuses does not hide the rest: the data that is not there (on Ray, before any actor
+    starts), an output that cannot be written, an unknown runtime.engine; one ConfigError, one line each."""
+    import growpipe
+    from growpipe.errors import ConfigError
+
+    sets = ["method=bp", "runtime.engine=pipedream", "net.widht=3", "data.name=fashion-mnist",
+            f"data.root={tmp_path / 'none'}"]  # fmt: skip
+    out = "/proc/forbidden/r.json"
+    code = main(["train", *FAST, *(a for kv in sets for a in ("--set", kv)), "--json-out", out])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[0].endswith("4 problem(s) before the run"), err
+    assert len(err) == 5 and err[1:4] == [
+        "  net.widht: unknown field; check the spelling (see configs/ for every field)",
+        "  runtime.engine: got 'pipedream'; input should be 'auto', 'pipeline', 'gpipe', '1f1b' or 'ddp'",
+        f"  data.root: {tmp_path / 'none'} does not exist; point it at the directory of the fashion-mnist files",
+    ], err
+    assert err[4].startswith(f"  --json-out {out}: /proc is not writable"), err
+    raw = {"method": "bp", "runtime": {"engine": "pipedream"}, "tracking": {"mlflow": False}}
+    for runtime in ("ray", "local"):
+        with pytest.raises(ConfigError) as caught:
+            growpipe.train(raw, runtime=runtime, progress=None)
+        lines = str(caught.value).splitlines()
+        assert lines == [
+            "1 problem(s) before the run",
+            "  runtime.engine: got 'pipedream'; input should be 'auto', 'pipeline', 'gpipe', '1f1b' or 'ddp'",
+        ]
+
+
 def test_evaluate_reads_run_checkpoints_and_refuses_a_damaged_saved_net(tmp_path: Path, capsys):
     from growpipe.checkpoint import CheckpointStore
     from growpipe.local import train_local
@@ -218,23 +264,106 @@ def test_a_missing_ray_auth_token_is_named_with_the_fix(tmp_path: Path):
     assert "uses token authentication and no token was found here" in out.stderr and "~/.ray/auth_token" in out.stderr
 
 
-def test_a_job_in_rays_temporary_working_directory_is_warned_where_its_results_would_go(tmp_path, monkeypatch):
-    from growpipe.prepare import resolve_paths, temporary_workdir_warning
+def test_a_job_in_rays_temporary_working_directory_keeps_its_results_in_a_durable_default(tmp_path, monkeypatch,
+                                                                                           capsys):  # fmt: skip
+    """What Ray sets for a job (RAY_JOB_CONFIG_JSON_ENV_VAR, the cwd in its working_dir_files copy): the run's
+    MLflow store and checkpoints go to ~/growpipe_results, said once; GROWPIPE_WORKDIR chooses another place."""
+    from growpipe.prepare import resolve_paths
     from tests.conftest import tiny_config
 
-    cfg = tiny_config(tracking={"mlflow": True}, checkpoint={"enabled": True})
-    job_dir = tmp_path / "runtime_resources" / "working_dir_files" / "_ray_pkg_1234"
+    job_dir = tmp_path / "session_1" / "runtime_resources" / "working_dir_files" / "_ray_pkg_1234"
     job_dir.mkdir(parents=True)
     monkeypatch.chdir(job_dir)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("GROWPIPE_WORKDIR", raising=False)
-    warning = temporary_workdir_warning(cfg)
-    assert (
-        warning and "MLFLOW_TRACKING_URI" in warning and "checkpoint.uri" in warning and "GROWPIPE_WORKDIR" in warning
-    )
+    sets = [
+        "tracking.mlflow=true",
+        "tracking.log_model=false",
+        "tracking.system_metrics=false",
+        "checkpoint.enabled=true",
+        "name=job",
+        "data.limit_train=256",
+    ]
+    assert main(["train", "--runtime", "local", *FAST, *(a for kv in sets for a in ("--set", kv))]) == 0
+    out = capsys.readouterr().out
+    results = tmp_path / "home" / "growpipe_results"
+    assert out.count("store  results in") == 1 and f"store  results in {results} (Ray job working dir" in out
+    assert (results / "runs" / "mlflow.db").is_file() and (results / "runs" / "checkpoints" / "job").is_dir()
+    assert not list(job_dir.iterdir())  # nothing in the copy that goes away with the job
     monkeypatch.setenv("GROWPIPE_WORKDIR", str(tmp_path / "keep"))  # what raylocal/submit sets
-    assert temporary_workdir_warning(cfg) is None
-    resolved = resolve_paths(cfg)
+    resolved = resolve_paths(tiny_config(tracking={"mlflow": True}, checkpoint={"enabled": True}))
     assert resolved.checkpoint.uri == str(tmp_path / "keep" / "runs" / "checkpoints")
     assert resolved.tracking.uri == f"sqlite:///{tmp_path / 'keep' / 'runs' / 'mlflow.db'}"
+
+
+def test_a_results_directory_that_does_not_exist_is_one_line_from_the_command_and_the_api(tmp_path, monkeypatch,
+                                                                                          capsys):  # fmt: skip
+    import growpipe
+    from growpipe.errors import ConfigError
+
+    missing = tmp_path / "nowhere"
+    monkeypatch.setenv("GROWPIPE_WORKDIR", str(missing))
+    assert main(["train", "--runtime", "local", *FAST]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[1:] == [f"  GROWPIPE_WORKDIR={missing}: does not exist; give an existing directory for the run's "
+                       "results (mkdir it) or unset it"], err  # fmt: skip
+    with pytest.raises(ConfigError, match="GROWPIPE_WORKDIR=.*does not exist"):
+        growpipe.train({"train": {"epochs": 1}}, runtime="local", progress=None)
+    assert not missing.exists()
+
+
+def test_grow_asks_the_cluster_given_else_the_one_the_run_recorded(tmp_path: Path):
+    from growpipe.runtime.cluster_record import choose_cluster, record_cluster, recorded_address
+
+    assert recorded_address("r", [tmp_path / "a"]) is None
+    path = record_cluster(tmp_path / "b", "r", "10.0.0.5:6379")
+    assert path == tmp_path / "b" / "clusters" / "r.json" and not list(path.parent.glob(".*.tmp"))
+    recorded = recorded_address("r", [tmp_path / "a", tmp_path / "b"])
+    assert recorded == ("10.0.0.5:6379", path)
+    assert choose_cluster("ray://h:10001", "1.2.3.4:6379", recorded) == ("ray://h:10001", "--address ray://h:10001")
+    assert choose_cluster(None, "1.2.3.4:6379", recorded) == ("1.2.3.4:6379", "RAY_ADDRESS=1.2.3.4:6379")
+    assert choose_cluster(None, None, recorded) == ("10.0.0.5:6379", f"recorded when the run started, {path}")
+    assert choose_cluster(None, None, None)[0] == "auto"
+    (tmp_path / "b" / "clusters" / "r.json").write_text("{not json")
+    assert recorded_address("r", [tmp_path / "b"]) is None
+
+
+def test_grow_against_a_recorded_cluster_that_is_gone_is_one_line_at_once(tmp_path: Path):
+    """ray.init waits minutes for a GCS that is gone: the address is probed first (in a process of its own:
+    this one may be connected to the test session's Ray)."""
+    import socket
+    import subprocess
+    import sys
+
+    from growpipe.runtime.cluster_record import record_cluster
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        gone = f"127.0.0.1:{s.getsockname()[1]}"
+    env = {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, "GROWPIPE_WORKDIR": str(tmp_path)}
+    record = record_cluster(tmp_path / "runs", "ended", gone)
+    grow = [sys.executable, "-m", "growpipe.cli", "grow", "--run", "ended"]
+    out = subprocess.run(grow, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        f"growpipe grow: error: --run ended: the cluster it started on ({gone}, recorded when the run started, "
+        f"{record}) does not answer (Connection refused); the run may have ended, or give --address / RAY_ADDRESS"
+    ], out.stderr
+    out = subprocess.run([*grow, "--address", gone], env=env, capture_output=True, text=True, timeout=120)
+    assert (
+        out.returncode == 2 and f"--address {gone}: no Ray cluster answers at {gone} (Connection refused)" in out.stderr
+    )
+
+
+def test_what_bp_on_ray_needs_is_listed_with_the_rest(tmp_path: Path):
+    import growpipe
+    from growpipe.errors import ConfigError
+
+    raw = {"method": "bp", "runtime": {"engine": "1f1b"}, "net": {"blocks": 3}, "data": {"limit_train": 64}}
+    with pytest.raises(ConfigError) as caught:  # refused before any cluster is asked
+        growpipe.train(raw, address="ray://nowhere:10001", outputs={"--json-out": (str(tmp_path), "json")})
+    lines = str(caught.value).splitlines()
+    assert lines[0] == "2 problem(s) before the run" and len(lines) == 3, lines
+    assert lines[1].startswith("  data.batch_size: an epoch has 1 batch(es) for 3 stages; 1F1B needs")
+    assert lines[2].startswith(f"  --json-out {tmp_path}: is a folder")

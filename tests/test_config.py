@@ -140,3 +140,26 @@ def test_every_config_field_has_a_docstring_and_the_reference_is_current():
     assert missing_docstrings() == [], "document these fields in src/growpipe/config.py"
     committed = (REPO / "docs" / "configuration.md").read_text()
     assert committed == reference(), "stale: python -m growpipe.config_reference docs/configuration.md"
+
+
+def test_config_problems_leave_a_config_for_the_checks_that_follow():
+    """Each field at fault falls back to its default so the checks after validation still run (prepare_run
+    lists their problems with these)."""
+    from growpipe.config import config_and_problems
+
+    raw = {"net": {"widht": 3, "blocks": 3}, "runtime": {"engine": "x"}, "train": {"epochs": 2}}
+    cfg, problems = config_and_problems(raw)
+    assert cfg is not None and (cfg.net.blocks, cfg.train.epochs, cfg.runtime.engine) == (3, 2, "auto")
+    assert [p.split(":")[0] for p in problems] == ["net.widht", "runtime.engine"]
+    assert raw["runtime"] == {"engine": "x"}  # the caller's mapping is left as it was
+    cfg, problems = config_and_problems({"grow": {"on_plateau": {}}})  # a section's own check: it falls back too
+    assert (
+        cfg is not None
+        and cfg.grow.on_plateau is None
+        and problems == ["grow: max_blocks is needed with every_epochs / on_plateau: the net stops growing there"]
+    )
+    mixed = {"data": {"augment": ["hflip"], "feature_groups": {"scheme": "chunks", "count": 2}}}
+    assert config_and_problems(mixed) == (None, [  # a check across sections: nothing to fall back on
+        "data.augment: crops and flips would move pixels across data.feature_groups; choose one"
+    ])  # fmt: skip
+    assert config_and_problems({"train": {"epochs": 1}}) == (RunConfig.model_validate({"train": {"epochs": 1}}), [])

@@ -1,8 +1,10 @@
 """Growing a running job on a real local Ray: requests from outside, refusals, policies, the pause."""
 
 import math
+import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import ray
@@ -12,6 +14,7 @@ from growpipe.errors import PipelineError
 from growpipe.growth import GrowthPlan
 from growpipe.local import train_local
 from growpipe.runtime.client import request_growth
+from growpipe.runtime.cluster_record import record_cluster
 from growpipe.runtime.pipeline import Pipeline
 from growpipe.runtime.placement import stage_env
 from growpipe.runtime.stage import Stage
@@ -82,6 +85,9 @@ def test_requests_grow_a_running_job_one_at_a_time_bad_ones_change_nothing_a_fin
     cfg = _slow_run("growing", epochs=epochs)
     address = ray.get_runtime_context().gcs_address
     cli = [sys.executable, "-m", "growpipe.cli", "grow", "--address", address, "--run"]
+    # what growpipe.train records when a run starts on Ray: `growpipe grow` without --address asks that cluster
+    record_cluster(Path(os.environ["GROWPIPE_WORKDIR"]) / "runs", "growing", address)
+    unaddressed = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     with Pipeline(cfg) as p:
         run = _Background(p)
         _wait_for_epoch(p, 1)
@@ -90,8 +96,8 @@ def test_requests_grow_a_running_job_one_at_a_time_bad_ones_change_nothing_a_fin
         askers = [
             threading.Thread(target=lambda: answers.append(request_growth("growing", {"kind": "layer", "width": 48}))),
             threading.Thread(target=lambda: done.setdefault("ok", subprocess.run(
-                [*cli, "growing", "--spec", "{kind: layer, width: 40, input_size: null}"],
-                capture_output=True, text=True, timeout=120))),
+                [*cli[:4], "--run", "growing", "--spec", "{kind: layer, width: 40, input_size: null}"],
+                capture_output=True, text=True, timeout=120, env=unaddressed))),
             threading.Thread(target=lambda: done.setdefault("missing", subprocess.run(
                 [*cli, "nosuch"], capture_output=True, text=True, timeout=120))),
         ]  # fmt: skip
@@ -114,6 +120,7 @@ def test_requests_grow_a_running_job_one_at_a_time_bad_ones_change_nothing_a_fin
             request_growth("growing", {"kind": "layer"})  # its controller still answers
     ok, missing = done["ok"], done["missing"]
     assert ok.returncode == 0, ok.stderr
+    assert f"grow   asking run growing on cluster {address} (recorded when the run started, " in ok.stdout, ok.stdout
     cli_block = re.search(r"run growing: \+layer block (\d) -> \d blocks, stage actor growing/stage\d", ok.stdout)
     assert cli_block, ok.stdout
     assert missing.returncode == 2 and "no run named 'nosuch' on this cluster (running: growing)" in missing.stderr

@@ -27,11 +27,16 @@ def local_head(tmp_path: Path):
     # Ray's, so up picks a free one (and submit, status and down find it)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "MLFLOW_", "GROWPIPE_"))}
     env.update(ports, GROWPIPE_WORKDIR=str(tmp_path), RAYLOCAL_STATE=str(tmp_path / "raylocal.env"))
+    env["HOME"] = str(tmp_path / "home")  # the head's and its jobs' (a plain job's results go to ~/growpipe_results)
+    (tmp_path / "home").mkdir()  # with a token of its own, made for this head (token auth needs one in ~/.ray)
+    subprocess.run([REPO / ".venv" / "bin" / "ray", "get-auth-token", "--generate"], env=env, capture_output=True,
+                   check=True, timeout=60)  # fmt: skip
     holder = socket.socket()
     with contextlib.suppress(OSError):  # make sure the default agent port is taken (a session Ray may hold it)
         holder.bind(("127.0.0.1", 52365))
         holder.listen()
-    up = subprocess.run([REPO / "raylocal" / "up"], env=env, capture_output=True, text=True, timeout=180)
+    head_env = {k: v for k, v in env.items() if k != "GROWPIPE_WORKDIR"}  # submit passes it to its jobs only
+    up = subprocess.run([REPO / "raylocal" / "up"], env=head_env, capture_output=True, text=True, timeout=180)
     holder.close()
     try:
         assert up.returncode == 0, up.stdout + up.stderr
@@ -58,7 +63,7 @@ def test_submitted_demo_job_grows_and_keeps_its_results_where_the_submitter_said
     # the Ray CLI, as a user would, with the head's token (RAY_AUTH_MODE=token)
     ray_cli = [str(REPO / ".venv" / "bin" / "ray"), "job"]
     address = ["--address", f"http://127.0.0.1:{local_head['RAY_DASHBOARD_PORT']}"]
-    cli_env = {**local_head, "RAY_AUTH_MODE": "token"}
+    cli_env = {**{k: v for k, v in local_head.items() if k != "GROWPIPE_WORKDIR"}, "RAY_AUTH_MODE": "token"}
     # `ray job logs --follow` returns when the job ends (one CLI process instead of a status poll loop)
     logs = subprocess.run([*ray_cli, "logs", job_id, "--follow", *address], env=cli_env, capture_output=True,
                           text=True, timeout=600).stdout  # fmt: skip
@@ -87,3 +92,18 @@ def test_submitted_demo_job_grows_and_keeps_its_results_where_the_submitter_said
     (model,) = mlflow.search_logged_models([run.info.experiment_id])  # the net, a LoggedModel of the job's run
     assert model.source_run_id == run.info.run_id and model.status == "READY"
     assert model.artifact_location.removeprefix("file://").startswith(f"{tmp_path}/runs/mlartifacts/")
+
+    # the README's plain line (no GROWPIPE_WORKDIR, no MLFLOW_TRACKING_URI): results outside the job's copy
+    plain = ["name=plain", "train.epochs=1", "grow.schedule=[]", "net.width=32", "checkpoint.enabled=true",
+             "tracking.log_model=false", "tracking.experiment=plain"]  # fmt: skip
+    job = subprocess.run([*ray_cli, "submit", *address, "--working-dir", ".", "--runtime-env", "jobs/runtime_env.yaml",
+                          "--", "python", "jobs/train.py", "--config", "configs/demo.yaml",
+                          *(a for kv in plain for a in ("--set", kv))], cwd=REPO, env=cli_env, capture_output=True,
+                         text=True, timeout=600)  # fmt: skip
+    results = tmp_path / "home" / "growpipe_results"
+    assert f"store  results in {results} (Ray job working dir is temporary" in job.stdout, job.stdout[-3000:]
+    assert (results / "runs" / "checkpoints" / "plain").is_dir(), job.stdout[-3000:]
+    assert (results / "runs" / "clusters" / "plain.json").is_file()  # where growpipe grow --run plain asks
+    store = MlflowClient(tracking_uri=f"sqlite:///{results / 'runs' / 'mlflow.db'}")
+    plain_runs = store.search_runs([store.get_experiment_by_name("plain").experiment_id])
+    assert [r.info.status for r in plain_runs] == ["FINISHED"], job.stdout[-3000:]

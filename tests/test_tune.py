@@ -226,3 +226,37 @@ def test_an_interrupted_optuna_sweep_resumes_without_training_any_trial_twice(tm
     code = main(["train", "--config", str(best_yaml), "--runtime", "local", "--set", "tracking.mlflow=false",
                  "--set", "train.epochs=1", "--json-out", str(again), "-q"])  # fmt: skip
     assert code == 0 and again.is_file()
+
+
+def test_pbt_with_one_trial_at_a_time_is_refused_naming_the_fix():
+    """PBT copies a running trial's checkpoint into another: with one trial at a time it never exploits."""
+    from growpipe.tune.spec import SweepSpec
+    from growpipe.tune.sweep import scheduler_problem, trials_at_once
+
+    need = {"CPU": 2.1}
+    assert trials_at_once(need, {"CPU": 2.0}, None) == 0
+    assert trials_at_once(need, {"CPU": 4.2}, None) == 2 and trials_at_once(need, {"CPU": 8.0}, 1) == 1
+    assert trials_at_once({"CPU": 1.1, "GPU": 1.0}, {"CPU": 16.0, "GPU": 1.0}, None) == 1
+    space = {"train.lr": {"loguniform": [0.001, 0.1]}}
+    pbt = SweepSpec.model_validate({"name": "p", "search_space": space, "scheduler": {"name": "pbt"}})
+    why = scheduler_problem(pbt, 1, {"CPU": 2.1}, {"CPU": 2.0})
+    assert why and why.startswith("scheduler pbt: only 1 trial runs at a time (the cluster has CPU 2 and a trial")
+    assert "runtime.num_cpus" in why and "scheduler asha or fifo" in why and "\n" not in why
+    assert scheduler_problem(pbt, 2, need, {"CPU": 4.2}) is None
+    asha = SweepSpec.model_validate({"name": "a", "search_space": space})
+    assert scheduler_problem(asha, 1, need, {"CPU": 2.0}) is None
+    one = pbt.model_copy(update={"resources": pbt.resources.model_copy(update={"max_concurrent_trials": 1})})
+    assert "resources.max_concurrent_trials is 1" in (scheduler_problem(one, 1, need, {"CPU": 8.0}) or "")
+
+
+def test_a_sweep_whose_data_is_not_there_is_refused_with_its_other_problems(tmp_path: Path, capsys, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # an embedded Ray: the trials read the data on this machine
+    path = _sweep_file(tmp_path, search_space={"train.lr": {"grid": [0.1]}}, metric="nope",
+                       set={"data.name": "fashion-mnist", "data.root": str(tmp_path / "none")})  # fmt: skip
+    assert main(["sweep", str(path), "--check"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].endswith("2 problem(s)") and err[1].startswith("  metric: 'nope'"), err
+    assert (
+        err[2]
+        == f"  data.root: {tmp_path / 'none'} does not exist; point it at the directory of the fashion-mnist files"
+    )

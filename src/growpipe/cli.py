@@ -38,7 +38,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"growpipe {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    tr = sub.add_parser("train", help="train (and grow) a network", epilog=EPILOG)
+    tr = sub.add_parser(
+        "train",
+        help="train (and grow) a network",
+        description="Train (and grow) a network. Everything that can be checked first (the config, the data, "
+        "outputs, checkpoint and tracking URIs) is reported together before anything runs. Relative paths "
+        "(runs/, checkpoint.uri) resolve against $GROWPIPE_WORKDIR (an existing directory), else in a Ray job's "
+        "temporary working dir ~/growpipe_results, else the current directory.",
+        epilog=EPILOG,
+    )
     _add_config_args(tr)
     tr.add_argument(
         "--runtime",
@@ -82,7 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "refused unless the last block produces exactly that many")  # fmt: skip
     gr.add_argument("--spec", metavar="YAML", help="the request as YAML/JSON (inline or a file): kind, group, "
                     "width, input_size; the flags above override it")  # fmt: skip
-    gr.add_argument("--address", metavar="ADDR", help="Ray cluster (default: $RAY_ADDRESS, else the local one)")
+    gr.add_argument("--address", metavar="ADDR", help="Ray cluster (default: $RAY_ADDRESS, else the one the run "
+                    "recorded when it started in runs/clusters/NAME.json, else the newest local one; an explicit "
+                    "address of a token-auth cluster needs RAY_AUTH_MODE=token)")  # fmt: skip
     gr.add_argument("--timeout", type=float, default=600.0, metavar="S", help="longest wait for the answer (600)")
 
     sw = sub.add_parser(
@@ -216,38 +226,27 @@ def build_parser() -> argparse.ArgumentParser:
 def _cmd_train(args: argparse.Namespace) -> int:
     from growpipe.api import train
     from growpipe.checkpoint import save_net
-    from growpipe.config import load_config
     from growpipe.errors import OutputError
     from growpipe.outputs import write_json
-    from growpipe.prepare import resolve_paths, temporary_workdir_warning
+    from growpipe.prepare import prepare_run
     from growpipe.progress import EpochBar
     from growpipe.report import format_report, format_stage_table, format_topology_changes
     from growpipe.tracking import ui_command
 
-    resume_from = None
-    if args.resume:
-        from growpipe.resume import plan_resume
-
-        cfg, ref = plan_resume(args.config, args.overrides, args.resume)
-        resume_from = ref.path if ref else None
-        print(f"resume {resume_from or 'nothing to resume: starting run ' + repr(cfg.name)}")
-    else:
-        cfg = load_config(args.config, args.overrides)
-    if args.overwrite:
-        cfg = cfg.model_copy(update={"checkpoint": cfg.checkpoint.model_copy(update={"overwrite": True})})
-    if warning := temporary_workdir_warning(cfg):
-        print(warning)
-    cfg = resolve_paths(cfg)
     outputs = {
         "--json-out": (args.json_out, "json"),
         "--save": (args.save, "checkpoint"),
         "--plot-out": (args.plot_out, "png"),
         "--trace-out": (args.trace_out, "json"),
     }
+    overrides = [*args.overrides, *(["checkpoint.overwrite=true"] if args.overwrite else [])]
+    prepared = prepare_run(args.config, overrides, resume_run=args.resume, runtime=args.runtime,
+                           address=args.address, outputs=outputs)  # fmt: skip
+    cfg = prepared.cfg
     bar = EpochBar()  # a redrawn bar per epoch in a terminal; plain lines in job logs and pipes
     progress = None if args.quiet else bar.line
-    run = train(cfg, args.runtime, args.address, progress, keep_net=bool(args.save),
-                bar=None if args.quiet else bar, resume=resume_from, outputs=outputs)  # fmt: skip
+    run = train(prepared, args.runtime, args.address, progress, keep_net=bool(args.save),
+                bar=None if args.quiet else bar)  # fmt: skip
     summary = run.result
     print(format_report(summary))
     if "stages" in summary:
@@ -318,7 +317,7 @@ def _cmd_grow(args: argparse.Namespace) -> int:
 
     from growpipe.api import grow
 
-    answer = grow(args.run, _grow_request(args), address=args.address, timeout_s=args.timeout)
+    answer = grow(args.run, _grow_request(args), address=args.address, timeout_s=args.timeout, say=print)
     where = f" at epoch {answer['epoch'] + 1} batch {answer['batch']}" if answer.get("batch") is not None else ""
     print(
         f"run {args.run}: +{answer['kind']} block {answer['block']} -> {answer['blocks']} blocks, "
@@ -341,8 +340,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     from growpipe.outputs import write_json
     from growpipe.report import format_exits
 
-    _check_outputs({"--json-out": (args.json_out, "json"), "--plot-out": (args.plot_out, "png")})
-    ev = evaluate(args.checkpoint, args.overrides)
+    ev = evaluate(args.checkpoint, args.overrides, {"--json-out": (args.json_out, "json"),
+                                                    "--plot-out": (args.plot_out, "png")})  # fmt: skip
     print(f"{ev['method']} on {ev['dataset']}: {ev['blocks']} blocks, full-path accuracy {ev['full_accuracy']:.4f}")
     print(format_exits(ev))
     if args.plot_out:
@@ -428,7 +427,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     spec = load_sweep(args.file, args.overrides)
     _check_outputs({"--json-out": (args.json_out, "json")})
     if args.check:
-        _, cfgs = prepare(spec)
+        _, cfgs = prepare(spec, args.address, print)
         print(f"{args.file}: ok ({spec.kind}, {len(cfgs)} search-space corners checked as run configs)")
         return 0
     summary = run_sweep(spec, args.address, resume=True if args.resume else False if args.fresh else None)

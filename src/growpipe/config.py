@@ -892,6 +892,45 @@ def build_config(raw: dict[str, Any] | None, source: str = "config", yaml_file: 
         raise ConfigError(_format_errors(err, source, lines)) from None
 
 
+def config_and_problems(raw: dict[str, Any] | None,
+                        yaml_file: Path | None = None) -> tuple[RunConfig | None, list[str]]:  # fmt: skip
+    """The config of `raw` and every validation problem (one line each, with its line in `yaml_file`). With
+    problems, the config has the fields at fault left at their defaults, so that the checks that come after
+    validation still run and report theirs in the same list (None when even that does not validate)."""
+    lines = yaml_key_lines(yaml_file.read_text()) if yaml_file is not None else None
+    try:
+        return RunConfig.model_validate(raw or {}), []
+    except ValidationError as err:
+        problems = problem_lines(err, lines)
+        partial = copy.deepcopy(raw or {})
+        for _ in range(3):  # a default may make a cross-field check fail in turn: drop that field too
+            dropped = [_drop(partial, [str(p) for p in e["loc"] if not _is_union_tag(p)]) for e in err.errors()]
+            if not any(dropped):
+                return None, problems
+            try:
+                return RunConfig.model_validate(partial), problems
+            except ValidationError as again:
+                err = again
+        return None, problems
+
+
+def _drop(raw: dict[str, Any], loc: list[str]) -> bool:
+    """Remove the value at `loc` (or the nearest part of it `raw` has) from `raw`; whether anything went."""
+    node: Any = raw
+    for part in loc[:-1]:
+        if not isinstance(node, dict) or part not in node:
+            break
+        if not isinstance(node[part], dict):
+            del node[part]
+            return True
+        node = node[part]
+    else:
+        if loc and isinstance(node, dict) and loc[-1] in node:
+            del node[loc[-1]]
+            return True
+    return False
+
+
 def read_yaml_mapping(path: str | Path, flag: str, examples: str, top: str) -> dict[str, Any]:
     """A YAML file whose top level is a mapping (empty file: {}); ConfigError naming `flag` when the file is
     missing (see `examples`), not YAML (with the line), or not a mapping of `top`."""

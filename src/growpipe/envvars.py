@@ -13,8 +13,9 @@ def data_dir() -> str | None:
 
 GROWPIPE_WORKDIR = "GROWPIPE_WORKDIR"
 """The directory a run's relative paths (tracking.workdir and the MLflow store in it, checkpoint.uri, a sweep's
-output) are resolved against instead of the current directory. raylocal/submit sets it to the submitter's
-checkout, so a job started in Ray's temporary working directory writes where the submitter looks."""
+output) are resolved against instead of the current directory; it must exist (a run is refused otherwise).
+raylocal/submit sets it to the submitter's checkout, so a job started in Ray's temporary working directory
+writes where the submitter looks; a job without it writes to ~/growpipe_results (growpipe.prepare.base_dir)."""
 
 
 def workdir() -> str | None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from growpipe.config import EvalSpec, RunConfig, apply_overrides, build_config
+from growpipe.config import EvalSpec, RunConfig, apply_overrides
 from growpipe.data import DataBundle, iterate_batches, load_data
 from growpipe.errors import ConfigError
 from growpipe.nn.inference import (
@@ -21,6 +21,7 @@ from growpipe.nn.inference import (
     evaluate_exits,
 )
 from growpipe.nn.net import GrowableNet
+from growpipe.outputs import Kind
 
 EVAL_BATCH = 512
 
@@ -30,26 +31,41 @@ EVAL_OVERRIDES = ("eval.", "data.root", "data.download", "data.limit_test")
 
 
 def load_for_evaluation(
-    checkpoint: str | Path, overrides: list[str] | None = None
+    checkpoint: str | Path,
+    overrides: list[str] | None = None,
+    outputs: dict[str, tuple[str | None, Kind]] | None = None,
 ) -> tuple[GrowableNet, DataBundle, RunConfig]:
     """A checkpoint's net, its data and its config with `overrides` applied (eval.* and where the data is);
     refused when the data's shape, classes or vocabulary differ from what the net was trained on. Any
-    checkpoint directory: `--save` output, a run checkpoint, or a run's checkpoint folder (the newest)."""
+    checkpoint directory: `--save` output, a run checkpoint, or a run's checkpoint folder (the newest). What
+    can be told before the data is read (the checkpoint, the overrides, the data's whereabouts, the files the
+    caller will write: `outputs`, flag -> (path, kind)) is refused together, one line per problem."""
     from growpipe.checkpoint import check_input_matches, load_net
+    from growpipe.config import config_and_problems
+    from growpipe.data.presence import data_problem
+    from growpipe.errors import GrowpipeError
     from growpipe.nn.specs import InputInfo
+    from growpipe.outputs import check_outputs
+    from growpipe.prepare import refuse
 
-    overrides = overrides or []
-    bad = [o for o in overrides if not o.split("=", 1)[0].strip().startswith(EVAL_OVERRIDES)]
-    if bad:
-        raise ConfigError(
-            f"--set {bad[0]}: evaluate takes eval.* and data.root / data.download / data.limit_test only; "
-            "the rest is fixed by the checkpoint"
-        )
-    net, manifest, _ = load_net(checkpoint)
-    raw = apply_overrides(manifest["config"], overrides)
+    allowed = [o for o in overrides or [] if o.split("=", 1)[0].strip().startswith(EVAL_OVERRIDES)]
+    problems = [f"--set {o}: evaluate takes eval.* and data.root / data.download / data.limit_test only; the rest "
+                "is fixed by the checkpoint" for o in overrides or [] if o not in allowed]  # fmt: skip
+    try:
+        net, manifest, _ = load_net(checkpoint)
+    except GrowpipeError as e:  # alone, it is raised as it is
+        if others := [*problems, *check_outputs(outputs or {})]:
+            refuse([str(e), *others])
+        raise
+    raw = apply_overrides(manifest["config"], allowed)
     if manifest["input"].get("normalize"):  # the training split's statistics, whatever data is evaluated
         raw.setdefault("data", {})["normalize"] = manifest["input"]["normalize"]
-    cfg = build_config(raw, "checkpoint config + --set")
+    cfg, config_problems = config_and_problems(raw)
+    problems += config_problems
+    if cfg is not None and (why := data_problem(cfg.data)):
+        problems.append(why)
+    refuse(problems + check_outputs(outputs or {}))
+    assert cfg is not None
     bundle = load_data(cfg.data)
     check_input_matches(manifest["input"], InputInfo.from_bundle(bundle).to_dict())
     return net, bundle, cfg

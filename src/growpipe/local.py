@@ -151,15 +151,13 @@ class LocalEngine:
 
 def train_local(cfg: RunConfig, progress: Progress | None = print, bundle: DataBundle | None = None,
                 resume: str | None = None) -> RunResult:  # fmt: skip
-    """Train (and grow) a net in this process (from checkpoint directory `resume` when given); return the
-    result JSON, the trained net and the data. Raises the error that ended the run."""
+    """Train (and grow) a net in this process (from checkpoint directory `resume` when given, in the MLflow
+    run the config names: growpipe.prepare.prepare_run decides it); return the result JSON, the trained net
+    and the data. Raises the error that ended the run."""
     from growpipe.prepare import checkpoint_store, resolve_paths, run_callbacks
-    from growpipe.resume import continuing_mlflow_run
 
     cfg = resolve_paths(cfg)
     store = checkpoint_store(cfg)
-    if resume is not None and store is not None:
-        cfg = continuing_mlflow_run(cfg, store.read_manifest(resume), cfg.name)
     say = progress or (lambda _line: None)
     engine = LocalEngine(cfg, bundle)
     loop = RunLoop(cfg, engine, store=store, callbacks=run_callbacks(cfg, cfg.name, say), say=say, resume=resume)

@@ -1,6 +1,7 @@
-"""The preparation step every entry point (growpipe train, the Python API, sweeps) takes before any actor
-starts: paths made absolute where the run is started, every check that needs no cluster collected and
-reported together, and the run's store and callbacks."""
+"""The preparation step every entry point (growpipe train, the Python API, sweeps, jobs/) takes once before
+any actor starts (prepare_run): the config validated, paths made absolute against where results go
+(base_dir), the resume decided, every check that needs no cluster collected and reported together; and the
+run's store and callbacks."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import secrets
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from growpipe import envvars
 from growpipe.checkpoint import CheckpointStore, check_uri, run_folder_problem
@@ -22,10 +25,45 @@ from growpipe.loop.callbacks import ProgressLog, RunCallback
 from growpipe.outputs import Kind, check_outputs
 from growpipe.tracking import default_tracking_uri
 
+JOB_RESULTS_DIR = "~/growpipe_results"
+"""Where a Ray job's results go when it runs in Ray's temporary copy of its working directory and
+GROWPIPE_WORKDIR is not set: a durable place outside that copy (as Ray Train's ~/ray_results), created as
+needed, on the node the job's driver runs on."""
+
+
+def in_temporary_job_dir() -> bool:
+    """Whether this process is a Ray job running in Ray's temporary copy of its working directory
+    (.../runtime_resources/working_dir_files/_ray_pkg_*), which goes away with the job."""
+    return "RAY_JOB_CONFIG_JSON_ENV_VAR" in os.environ and "working_dir_files" in Path.cwd().parts
+
 
 def base_dir() -> Path:
-    """What a run's relative paths mean: $GROWPIPE_WORKDIR, else the current directory."""
-    return Path(envvars.workdir() or Path.cwd()).expanduser().resolve()
+    """What a run's relative paths mean: $GROWPIPE_WORKDIR; else, in a Ray job's temporary working directory,
+    JOB_RESULTS_DIR (~/growpipe_results); else the current directory."""
+    if given := envvars.workdir():
+        return Path(given).expanduser().resolve()
+    if in_temporary_job_dir():
+        return Path(JOB_RESULTS_DIR).expanduser().resolve()
+    return Path.cwd().resolve()
+
+
+def storage_problem() -> str | None:
+    """Why the place given for results cannot be used (None: it can): a GROWPIPE_WORKDIR that is not an
+    existing directory is refused (a typo would otherwise scatter results into a new tree)."""
+    given = envvars.workdir()
+    if given and not Path(given).expanduser().is_dir():
+        what = "is a file" if Path(given).expanduser().exists() else "does not exist"
+        return (f"{envvars.GROWPIPE_WORKDIR}={given}: {what}; give an existing directory for the run's results "
+                "(mkdir it) or unset it")  # fmt: skip
+    return None
+
+
+def storage_note() -> str | None:
+    """The line that says where results go when it is not where the command was started: a Ray job in its
+    temporary working directory without GROWPIPE_WORKDIR."""
+    if envvars.workdir() or not in_temporary_job_dir():
+        return None
+    return f"store  results in {base_dir()} (Ray job working dir is temporary; set GROWPIPE_WORKDIR for another place)"
 
 
 def absolute(path: str) -> str:
@@ -55,23 +93,6 @@ def default_run_name(cfg: RunConfig) -> str:
     return f"{cfg.method}-{dataset}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
-def temporary_workdir_warning(cfg: RunConfig) -> str | None:
-    """A warning when this is a Ray job in Ray's temporary copy of its working directory and the run's
-    results would go there (and vanish with it): the settings that keep them."""
-    if envvars.workdir() or "RAY_JOB_CONFIG_JSON_ENV_VAR" not in os.environ or "working_dir" not in str(Path.cwd()):
-        return None
-    lost = []
-    if cfg.tracking.mlflow and not (cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")):
-        lost.append(f"the MLflow store ({cfg.tracking.workdir}/mlflow.db; set MLFLOW_TRACKING_URI)")
-    if cfg.checkpoint.enabled and "://" not in cfg.checkpoint.uri and not Path(cfg.checkpoint.uri).is_absolute():
-        lost.append(f"the checkpoints ({cfg.checkpoint.uri}; --set checkpoint.uri=/absolute/path)")
-    if not lost:
-        return None
-    return (f"warn   this job runs in Ray's temporary copy of its working directory ({Path.cwd()}): "
-            f"{' and '.join(lost)} would vanish with it; set those, or GROWPIPE_WORKDIR=/a/durable/dir in the "
-            "job's runtime_env env_vars (raylocal/submit does)")  # fmt: skip
-
-
 EMBEDDED_CPUS_PER_CORE = 4
 """How far an embedded Ray oversubscribes this machine's cores by default (stage actors of small blocks
 share a core well; dozens of them on two cores only start workers that never get to train)."""
@@ -99,18 +120,107 @@ def embedded_capacity_problem(cfg: RunConfig) -> str | None:
             "cluster with --address")  # fmt: skip
 
 
+@dataclass(frozen=True)
+class PreparedRun:
+    """A run ready to start: its config (paths absolute, name chosen, the MLflow run it continues) and the
+    checkpoint directory it starts from (None: a fresh start)."""
+
+    cfg: RunConfig
+    resume: str | None = None
+
+
+ConfigSource = RunConfig | str | Path | dict[str, Any] | None
+"""A run config as every entry point takes it: a RunConfig, a YAML path, a mapping, or None (every default)."""
+
+
+def prepare_run(config: ConfigSource = None, overrides: list[str] | None = None, *, resume: str | None = None,
+                resume_run: str | None = None, runtime: str = "ray", address: str | None = None,
+                outputs: dict[str, tuple[str | None, Kind]] | None = None,
+                say: Callable[[str], None] | None = print) -> PreparedRun:  # fmt: skip
+    """The preparation step of every entry point (growpipe train, growpipe.train, sweeps, jobs/), taken once
+    before any actor starts: the config validated, its relative paths resolved (see base_dir), the resume
+    decided (`resume_run`: growpipe train --resume NAME|auto, see growpipe.resume.plan_resume; `resume`: a
+    checkpoint directory) with the MLflow run it continues, and every problem found (the config's own
+    included) reported together as one ConfigError, one line per problem. `say` gets where results go and
+    what will not stop the run."""
+    say = say or (lambda _line: None)
+    problems: list[str] = []
+    if runtime not in ("ray", "local"):
+        problems.append(f"runtime: {runtime!r} is not ray or local")
+    if resume_run is not None:
+        from growpipe.resume import plan_resume
+
+        if not (config is None or isinstance(config, (str, Path))):
+            raise ConfigError("resume_run: give the config as a YAML path (or None: the checkpoint's own)")
+        cfg, ref = plan_resume(None if config is None else str(config), list(overrides or []), resume_run)
+        resume = ref.path if ref else None
+        say(f"resume {resume or 'nothing to resume: starting run ' + repr(cfg.name)}")
+    else:
+        found, problems_of_config = read_config(config, overrides)
+        problems = problems_of_config + problems
+        if found is None:
+            refuse(problems)
+        assert found is not None
+        cfg = found
+    if note := storage_note():
+        say(note)
+    cfg = resolve_paths(cfg)
+    if resume is not None and resume_run is None:
+        from growpipe.resume import continue_from
+
+        resume = absolute(resume)
+        cfg = continue_from(cfg, resume)
+    embedded = runtime == "ray" and not (address or os.environ.get("RAY_ADDRESS"))
+    check_run(cfg, outputs, embedded_ray=embedded, fresh=resume is None, warn=say, problems=problems,
+              on_ray=runtime == "ray")  # fmt: skip
+    return PreparedRun(cfg, resume)
+
+
+def read_config(config: ConfigSource, overrides: list[str] | None = None) -> tuple[RunConfig | None, list[str]]:
+    """The config (`overrides` applied) and its validation problems, one line each (see
+    growpipe.config.config_and_problems); a YAML file that cannot be read raises at once."""
+    from growpipe.config import apply_overrides, config_and_problems, read_yaml_mapping
+
+    if isinstance(config, RunConfig):
+        if not overrides:
+            return config, []
+        return config_and_problems(apply_overrides(config.model_dump(mode="json"), overrides))
+    if config is None or isinstance(config, dict):
+        return config_and_problems(apply_overrides(config or {}, overrides or []))
+    raw = read_yaml_mapping(config, "--config", "configs/", "sections (method, data, net, ...)")
+    return config_and_problems(apply_overrides(raw, overrides or []), Path(config))
+
+
 def check_run(cfg: RunConfig, outputs: dict[str, tuple[str | None, Kind]] | None = None, embedded_ray: bool = False,
-              fresh: bool = True, warn: Callable[[str], None] | None = None) -> None:  # fmt: skip
-    """Everything about a run that can be checked before Ray starts, reported together (ConfigError, one
-    line per problem): the checkpoint URI and the run's folder in it (`fresh`: a new run, not a resume), the
-    tracking URI, the files the run will write (`outputs`: flag -> (path, kind)) and, for an embedded Ray,
+              fresh: bool = True, warn: Callable[[str], None] | None = None, problems: list[str] | None = None,
+              on_ray: bool = False) -> None:  # fmt: skip
+    """ConfigError listing `problems` found before and every run_problems, one line each (none: nothing)."""
+    refuse([*(problems or []), *run_problems(cfg, outputs, embedded_ray, fresh, warn, on_ray)])
+
+
+def run_problems(cfg: RunConfig, outputs: dict[str, tuple[str | None, Kind]] | None = None, embedded_ray: bool = False,
+                 fresh: bool = True, warn: Callable[[str], None] | None = None, on_ray: bool = False,
+                 data_here: bool | None = None) -> list[str]:  # fmt: skip
+    """Everything about a run that can be checked before Ray starts, one line per problem: where results go,
+    the checkpoint URI and the run's folder in it (`fresh`: a new run, not a resume), the tracking URI, the
+    data (looked for here before any actor reads it: a problem when the stages read it on this machine,
+    `data_here`, by default with an embedded Ray or no Ray; `warn`ed on a cluster), the files the run will
+    write (`outputs`: flag -> (path, kind)), what BP on Ray needs (`on_ray`) and, for an embedded Ray,
     whether this machine can hold the run's workers. `warn` gets what will not stop the run (an MLflow
     server that does not answer)."""
+    from growpipe.data.presence import data_problem
+
     problems = []
+    if why := storage_problem():
+        problems.append(why)
     if embedded_ray and (why := embedded_capacity_problem(cfg)):
         problems.append(why)
     if why := precision_problem(cfg.train.precision, cfg.device):
         problems.append(why)
+    if on_ray and cfg.method == "bp":
+        from growpipe.runtime.gpipe import bp_problems
+
+        problems += bp_problems(cfg)
     if cfg.checkpoint.enabled:
         problems += checkpoint_problems(cfg, fresh)
     if cfg.tracking.mlflow and cfg.tracking.uri:
@@ -122,8 +232,13 @@ def check_run(cfg: RunConfig, outputs: dict[str, tuple[str | None, Kind]] | None
                 f"warn   tracking.uri {cfg.tracking.uri}: {unreachable}; the run goes on and keeps what it cannot "
                 f"send in {cfg.tracking.workdir}/mlflow-unsent-{cfg.name}-*.jsonl (growpipe mlflow replay sends it)"
             )
+    if why := data_problem(cfg.data):
+        if data_here if data_here is not None else embedded_ray or not on_ray:
+            problems.append(why)
+        elif warn:  # a cluster's stage 0 may run on a node that has it: that node's read says for sure
+            warn(f"warn   {why} (from this node; the run's first stage looks again on its own node)")
     problems += check_outputs(outputs or {})
-    refuse(problems)
+    return problems
 
 
 def refuse(problems: list[str]) -> None:

@@ -1,6 +1,10 @@
-"""Which checkpoint a `growpipe train --resume` continues from, and with which config."""
+"""Where a resumed run continues: the checkpoint it starts from and the MLflow run it logs into, decided once
+(growpipe.prepare.prepare_run applies it for every entry point, local and Ray alike; a Tune trial calls
+continue_from for the checkpoint Tune hands it)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from growpipe.checkpoint import CheckpointRef, CheckpointStore, config_differences
 from growpipe.config import RunConfig, apply_overrides, build_config, check_run_name, load_config
@@ -8,7 +12,8 @@ from growpipe.errors import CheckpointError
 
 
 def plan_resume(config: str | None, overrides: list[str], resume: str) -> tuple[RunConfig, CheckpointRef | None]:
-    """The run config and the newest complete checkpoint of run `resume` ("auto": the config's name).
+    """The run config and the newest complete checkpoint of run `resume` ("auto": the config's name); the
+    config logs into the MLflow run the checkpoint's run had (see continuing_mlflow_run).
 
     Without --config the checkpoint's own config is used (--set may change tracking, runtime, checkpoint,
     eval fields, train.epochs and grow.max_blocks); with --config, any other difference is refused, naming
@@ -29,7 +34,8 @@ def plan_resume(config: str | None, overrides: list[str], resume: str) -> tuple[
             f"--resume {name}: no complete checkpoint of run {name!r} in {store.root}; "
             "check the run name and checkpoint.uri (or use --resume auto to start fresh)"
         )
-    saved = store.read_manifest(ref)["config"]
+    manifest = store.read_manifest(ref)
+    saved = manifest["config"]
     cfg = given if config else build_config(apply_overrides(saved, overrides), f"{ref.path}/manifest.json + --set")
     diff = config_differences(saved, cfg.model_dump(mode="json"))
     if diff:
@@ -38,10 +44,19 @@ def plan_resume(config: str | None, overrides: list[str], resume: str) -> tuple[
             + (f" (and {len(diff) - 1} more)" if len(diff) > 1 else "")
             + "; resume without --config (the checkpoint's own) or start a run with another name"
         )
-    return cfg.model_copy(update={"name": name}), ref
+    return continuing_mlflow_run(cfg.model_copy(update={"name": name}), manifest, name), ref
 
 
-def continuing_mlflow_run(cfg: RunConfig, manifest: dict, run_name: str) -> RunConfig:
+def continue_from(cfg: RunConfig, checkpoint: str, run_name: str | None = None) -> RunConfig:
+    """`cfg` for a run (named `run_name`, default cfg.name) that starts from checkpoint directory `checkpoint`:
+    logging into the MLflow run the checkpoint's run had when it is this run's own checkpoint. Reads the
+    checkpoint's manifest (CheckpointError when damaged)."""
+    name = run_name or cfg.name or ""
+    manifest = CheckpointStore(cfg.checkpoint.uri, name, cfg.checkpoint.keep).read_manifest(checkpoint)
+    return continuing_mlflow_run(cfg, manifest, name)
+
+
+def continuing_mlflow_run(cfg: RunConfig, manifest: dict[str, Any], run_name: str) -> RunConfig:
     """`cfg` logging into the MLflow run the checkpoint's run had, so a resumed run goes on in it (a Tune trial
     started from another trial's checkpoint, or a config that names its own run_id, keeps its own)."""
     ours = manifest.get("run") == run_name

@@ -32,6 +32,8 @@ FASHION_FILES = {
     "test_x": "t10k-images-idx3-ubyte.gz",
     "test_y": "t10k-labels-idx1-ubyte.gz",
 }
+FASHION_SYSTEM_DIRS = ("/usr/share/datasets/fashion-mnist",)
+NEWSGROUPS_FILES = ["train.parquet", "test.parquet"]
 
 
 def candidate_dirs(name: str, system_dirs: tuple[str, ...] = ()) -> list[Path]:
@@ -127,7 +129,7 @@ def read_idx(path: Path) -> np.ndarray:
 def load_fashion_mnist(spec: DataSpec) -> DataBundle:
     """Fashion-MNIST from the four IDX .gz files (or torchvision's download when data.download)."""
     try:
-        root = locate(spec, "fashion-mnist", list(FASHION_FILES.values()), ("/usr/share/datasets/fashion-mnist",))
+        root = locate(spec, "fashion-mnist", list(FASHION_FILES.values()), FASHION_SYSTEM_DIRS)
     except DataError:
         if not spec.download:
             raise
@@ -296,7 +298,7 @@ def _streamed_table(name: str, train: Any, test: Any, spec: DataSpec, origins: d
 
 def load_newsgroups(spec: DataSpec) -> DataBundle:
     """20 Newsgroups from train.parquet / test.parquet (columns text, label, label_name)."""
-    root = locate(spec, "20newsgroups", ["train.parquet", "test.parquet"])
+    root = locate(spec, "20newsgroups", NEWSGROUPS_FILES)
     import pandas as pd
 
     origins = {s: Origin.of_file(str(root / f"{s}.parquet"), s) for s in ("train", "test")}
@@ -309,20 +311,14 @@ def load_files(spec: DataSpec) -> DataBundle:
     """parquet:/csv:/json:DIR|URI — a directory (or file://, s3://, gs:// URI) with train.EXT and test.EXT, read
     by Hugging Face datasets."""
     fmt, _, uri = spec.name.partition(":")
-    fs, root = open_fs(uri)
-    if not fs.isdir(root):
-        raise DataNotFoundError(f"data.name: {uri} is not a directory; give {fmt}:DIR with train.{fmt} and test.{fmt}")
-    exts = {"parquet": ["parquet"], "csv": ["csv"], "json": ["json", "jsonl"]}[fmt]
+    fs, found = find_table_files(spec.name)
     local = "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
     files, columns, lacking = {}, {}, []
-    for split in ("train", "test"):
-        found = [f"{root}/{split}.{e}" for e in exts if fs.isfile(f"{root}/{split}.{e}")]
-        if not found:
-            raise DataNotFoundError(f"data.name: {uri} has no {split}.{exts[0]}; add it or point at the right folder")
-        empty, columns[split] = _peek(fs, found[0], fmt)
+    for split, path in found.items():
+        empty, columns[split] = _peek(fs, path, fmt)
         if empty:
-            raise DataError(f"{spec.name}: the {split} split is empty ({found[0]} has no rows); add data to it")
-        files[split] = found[0] if local else fs.unstrip_protocol(found[0])
+            raise DataError(f"{spec.name}: the {split} split is empty ({path} has no rows); add data to it")
+        files[split] = path if local else fs.unstrip_protocol(path)
     if columns["train"] is not None and columns["test"] is not None:
         extra = [c for c in columns["test"] if c not in columns["train"]]
         if extra:  # datasets cannot cast the test file to the train file's columns
@@ -343,6 +339,23 @@ def load_files(spec: DataSpec) -> DataBundle:
     if spec.stream:
         return _streamed_table(spec.name, ds["train"], ds["test"], spec, origins)
     return frames_to_bundle(spec.name, ds["train"].to_pandas(), ds["test"].to_pandas(), spec, origins)
+
+
+def find_table_files(name: str) -> tuple[Any, dict[str, str]]:
+    """(filesystem, {"train": path, "test": path}) of a parquet:/csv:/json: dataset `name`; DataNotFoundError
+    when its folder or a split's file is not there."""
+    fmt, _, uri = name.partition(":")
+    fs, root = open_fs(uri)
+    if not fs.isdir(root):
+        raise DataNotFoundError(f"data.name: {uri} is not a directory; give {fmt}:DIR with train.{fmt} and test.{fmt}")
+    exts = {"parquet": ["parquet"], "csv": ["csv"], "json": ["json", "jsonl"]}[fmt]
+    found = {}
+    for split in ("train", "test"):
+        hits = [f"{root}/{split}.{e}" for e in exts if fs.isfile(f"{root}/{split}.{e}")]
+        if not hits:
+            raise DataNotFoundError(f"data.name: {uri} has no {split}.{exts[0]}; add it or point at the right folder")
+        found[split] = hits[0]
+    return fs, found
 
 
 def _peek(fs: Any, path: str, fmt: str) -> tuple[bool, list[str] | None]:

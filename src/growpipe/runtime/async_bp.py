@@ -212,10 +212,15 @@ def submit_epoch(stages: list[Any], epoch: int, first: int, batches: int) -> lis
     return [bwd[(0, first + m)] for m in range(batches)]
 
 
-def check_1f1b(cfg: RunConfig, batches: int) -> None:
+def one_f_one_b_problem(cfg: RunConfig, batches: int) -> str | None:
     """1F1B keeps K-1 micro-batches in flight: an epoch must have at least as many batches as stages."""
     if batches < cfg.net.blocks:
-        raise ConfigError(
-            f"data.batch_size: an epoch has {batches} batch(es) for {cfg.net.blocks} stages; 1F1B needs at least "
-            "one micro-batch per stage in flight: lower data.batch_size or use fewer blocks"
-        )
+        return (f"data.batch_size: an epoch has {batches} batch(es) for {cfg.net.blocks} stages; 1F1B needs at "
+                "least one micro-batch per stage in flight: lower data.batch_size or use fewer blocks")  # fmt: skip
+    return None
+
+
+def check_1f1b(cfg: RunConfig, batches: int) -> None:
+    """Raise ConfigError when an epoch of `batches` batches is too short for 1F1B (see one_f_one_b_problem)."""
+    if why := one_f_one_b_problem(cfg, batches):
+        raise ConfigError(why)

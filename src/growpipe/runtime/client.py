@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -15,17 +16,27 @@ _chosen_by = "the cluster this process is connected to"
 """How the cluster asked was chosen (said when a run is not found there)."""
 
 
-def connect_existing(address: str | None = None) -> None:
-    """Join the cluster a job runs on: `address`, else $RAY_ADDRESS, else the newest local one (auto)."""
+def connect_existing(address: str | None = None, run: str | None = None) -> str:
+    """Join the cluster a job runs on: `address`, else $RAY_ADDRESS, else the address recorded when run `run`
+    started (see growpipe.runtime.cluster_record), else the newest local one (auto). Returns the line that
+    says which cluster is asked."""
     global _chosen_by
-    if ray.is_initialized():
-        return
-    from growpipe.runtime.pipeline import join_cluster
+    if not ray.is_initialized():
+        from growpipe.prepare import JOB_RESULTS_DIR, absolute
+        from growpipe.runtime.cluster_record import choose_cluster, gcs_unreachable, recorded_address
+        from growpipe.runtime.pipeline import join_cluster
 
-    env = os.environ.get("RAY_ADDRESS")
-    join_cluster(address or env or "auto", log_to_driver=False)
-    _chosen_by = (f"--address {address}" if address else f"RAY_ADDRESS={env}" if env
-                  else "no --address: the newest Ray started on this machine")  # fmt: skip
+        workdirs = [Path(absolute("runs")), Path(JOB_RESULTS_DIR).expanduser() / "runs"]
+        recorded = recorded_address(run, workdirs) if run and not address else None
+        chosen, _chosen_by = choose_cluster(address, os.environ.get("RAY_ADDRESS"), recorded)
+        if why := gcs_unreachable(chosen):
+            if _chosen_by.startswith("recorded"):
+                raise InputError(f"--run {run}: the cluster it started on ({chosen}, {_chosen_by}) does not answer "
+                                 f"({why}); the run may have ended, or give --address / RAY_ADDRESS")  # fmt: skip
+            raise InputError(f"{_chosen_by}: no Ray cluster answers at {chosen} ({why}); check the address")
+        join_cluster(chosen, log_to_driver=False)
+    gcs = ray.get_runtime_context().gcs_address
+    return f"grow   asking run {run} on cluster {gcs} ({_chosen_by})"
 
 
 def running_runs() -> list[str]:

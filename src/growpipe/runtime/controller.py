@@ -17,7 +17,6 @@ from growpipe.errors import BAD_INPUT
 from growpipe.loop.engine import Engine
 from growpipe.loop.loop import RunLoop
 from growpipe.prepare import checkpoint_store, run_callbacks
-from growpipe.resume import continuing_mlflow_run
 from growpipe.runtime import NAMESPACE
 from growpipe.runtime.events import RunEvents
 
@@ -45,11 +44,9 @@ class Controller:
     def __init__(self, cfg: RunConfig, run_name: str, reserved: tuple[Any, int] | None = None,
                  resume: str | None = None):  # fmt: skip
         """`reserved` = (placement group, first bundle) to place the stages in (a Tune trial's); `resume`:
-        the checkpoint directory to start from."""
+        the checkpoint directory to start from (`cfg` names the MLflow run it continues: growpipe.resume)."""
         self.events = RunEvents()
         store = checkpoint_store(cfg, run_name)
-        if resume is not None and store is not None:
-            cfg = continuing_mlflow_run(cfg, store.read_manifest(resume), run_name)
         say = self.events.say
         engine = make_engine(cfg, run_name, reserved, say)
         callbacks = [*run_callbacks(cfg, run_name, say, on_ray=True), self.events]

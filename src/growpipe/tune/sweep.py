@@ -81,9 +81,35 @@ def check_fits(spec: SweepSpec, cfgs: list[RunConfig], cluster: dict[str, float]
     return need
 
 
-def prepare(spec: SweepSpec) -> tuple[dict[str, Any], list[RunConfig]]:
-    """Everything that can be checked without Ray: the base config and every corner of the search space;
+def trials_at_once(need: dict[str, float], cluster: dict[str, float], max_concurrent: int | None) -> int:
+    """How many trials that each reserve `need` run at the same time on a cluster of `cluster` resources
+    (at most `max_concurrent`)."""
+    fits = min((math.floor(cluster.get(k, 0.0) / v + 1e-9) for k, v in need.items() if v > 0), default=1)
+    return min(fits, max_concurrent) if max_concurrent else fits
+
+
+def scheduler_problem(spec: SweepSpec, at_once: int, need: dict[str, float], cluster: dict[str, float]) -> str | None:
+    """Why the sweep's scheduler cannot work with `at_once` trials running together (None: it can): PBT
+    copies a running trial's checkpoint into another, so with one trial at a time it never exploits."""
+    if spec.scheduler.name != "pbt" or at_once > 1:
+        return None
+    why = "resources.max_concurrent_trials is 1"
+    if spec.resources.max_concurrent_trials != 1:
+        why = f"the cluster has CPU {cluster.get('CPU', 0):g} and a trial reserves CPU {need.get('CPU', 0):g}"
+    return (f"scheduler pbt: only {at_once} trial runs at a time ({why}), so no trial ever has another's checkpoint "
+            "to copy and PBT would skip every exploit; give Ray more CPUs (set: {runtime.num_cpus: N} for the "
+            "embedded Ray, or --address a bigger cluster), lower the block counts or resources.cpus_per_stage, "
+            "or use scheduler asha or fifo")  # fmt: skip
+
+
+def prepare(spec: SweepSpec, address: str | None = None,
+            say: Callable[[str], None] | None = None) -> tuple[dict[str, Any], list[RunConfig]]:  # fmt: skip
+    """Everything that can be checked without Ray: the base config and every corner of the search space, and
+    what the preparation step of a run checks of the base config (where results go, the tracking URI, the
+    data, BP's needs; see growpipe.prepare.run_problems; `address`: the cluster, None for an embedded Ray);
     ConfigError listing every problem found."""
+    from growpipe.prepare import resolve_paths, run_problems
+
     base = base_raw(spec)
     cfgs, problems = check_search_space(spec, base)
     if why := metric_problem(spec, cfgs):
@@ -91,6 +117,11 @@ def prepare(spec: SweepSpec) -> tuple[dict[str, Any], list[RunConfig]]:
     if spec.kind == "train" and any(c.engine() == "ddp" for c in cfgs):
         problems.append("runtime.engine: ddp places Ray Train workers outside a trial's placement group; "
                         "sweep bp with gpipe or 1f1b")  # fmt: skip
+    if cfgs:  # each trial has its own checkpoint folder (see trials.train_trial): the base's is not used
+        first = resolve_paths(cfgs[0])
+        first = first.model_copy(update={"checkpoint": first.checkpoint.model_copy(update={"enabled": False})})
+        embedded = not (address or os.environ.get("RAY_ADDRESS"))
+        problems += run_problems(first, warn=say, on_ray=True, data_here=embedded)
     if problems:
         raise ConfigError(f"sweep {spec.name}: {len(problems)} problem(s)\n" + "\n".join(f"  {p}" for p in problems))
     return base, cfgs
@@ -235,10 +266,13 @@ def run_sweep(spec: SweepSpec, address: str | None = None, say: Callable[[str], 
     KILLED, says how to resume, and raises KeyboardInterrupt."""
     from ray import tune
 
-    from growpipe.prepare import resolve_paths
+    from growpipe.prepare import resolve_paths, storage_note
     from growpipe.runtime.pipeline import connect
 
-    base, cfgs = prepare(spec)
+    addr = address or os.environ.get("RAY_ADDRESS")
+    base, cfgs = prepare(spec, addr, say)
+    if note := storage_note():
+        say(note)
     base_cfg = resolve_paths(build_config(base, "base config"))
     base = {**base, "tracking": base_cfg.tracking.model_dump(mode="json")}
     out = spec.out_dir()
@@ -246,17 +280,19 @@ def run_sweep(spec: SweepSpec, address: str | None = None, say: Callable[[str], 
     if not ray.is_initialized():
         from growpipe.prepare import logical_cpus_needed
 
-        addr = address or os.environ.get("RAY_ADDRESS")
         need = _total(trial_bundles(spec, max(cfgs, key=lambda c: c.max_blocks()), False))["CPU"]
         if spec.kind == "thresholds":  # room to train the source net when it is missing
             need = max(need, logical_cpus_needed(base_cfg))
-        cpus = None if addr else max(os.cpu_count() or 1, math.ceil(need))
+        cpus = None if addr else max(base_cfg.runtime.num_cpus or os.cpu_count() or 1, math.ceil(need))
         owns, dashboard = connect(base_cfg, addr, cpus=cpus)
         if dashboard:
             say(f"ray    dashboard {dashboard}")
     try:
         cluster = ray.cluster_resources()
         need_one = check_fits(spec, cfgs, cluster)
+        if why := scheduler_problem(spec, trials_at_once(need_one, cluster, spec.resources.max_concurrent_trials),
+                                    need_one, cluster):  # fmt: skip
+            raise ConfigError(why)
         say(f"sweep  {spec.name}: {spec.kind}, metric {spec.objective} ({spec.mode}), {spec.num_samples} sample(s) "
             f"x grid, each trial reserves {', '.join(f'{k} {v:g}' for k, v in need_one.items())}")  # fmt: skip
         gpus = cluster.get("GPU", 0) > 0

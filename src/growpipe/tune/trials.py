@@ -41,6 +41,7 @@ def train_trial(
     from ray.util import get_current_placement_group
 
     from growpipe.checkpoint import CheckpointStore
+    from growpipe.resume import continue_from
     from growpipe.runtime.pipeline import Pipeline
     from growpipe.tracking import epoch_metrics
 
@@ -85,7 +86,8 @@ def train_trial(
                 if row["epoch"] > known:
                     report(row, resume if row["epoch"] == done_before else None)
         pg = get_current_placement_group()
-        with Pipeline(cfg, run_name=name, reserved=(pg, 1) if pg else None, resume=resume) as p:
+        run_cfg = continue_from(cfg, resume, name) if resume else cfg  # its own checkpoint: its MLflow run
+        with Pipeline(run_cfg, run_name=name, reserved=(pg, 1) if pg else None, resume=resume) as p:
             summary = p.train(progress=None, on_epoch=report, keep_net=False)
             row, path = held[-1] if held else (summary["history"][-1], None)
             final = to_tune(row)
