@@ -20,7 +20,7 @@ from growpipe.config import RunConfig
 from growpipe.data import DataBundle, iterate_batches, load_data
 from growpipe.device import resolve_device, set_cpu_threads
 from growpipe.evaluation import evaluate_net, measure_early_exit
-from growpipe.loop.engine import EpochPart, Poll, Prepared
+from growpipe.loop.engine import EpochPart, Poll, Prepared, WithoutBundles
 from growpipe.loop.loop import RunLoop, RunResult
 from growpipe.loop.stats import StageStats
 from growpipe.loop.topology import Layout
@@ -38,7 +38,7 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-class LocalEngine:
+class LocalEngine(WithoutBundles):
     """The whole net in this process: a GrowableNet trained batch by batch, block after block."""
 
     name = "local"
@@ -99,12 +99,6 @@ class LocalEngine:
             net.freeze()
         net.append(block.handle)
 
-    def discard_block(self, block: Prepared) -> None:
-        """Nothing to release: the block only lives in this process."""
-
-    def cache_prefix(self) -> dict[str, Any] | None:
-        return None  # every block runs in this process: nothing to save by caching
-
     def evaluate(self) -> dict[str, Any]:
         assert self.bundle is not None
         return evaluate_net(self._net(), self.bundle, self.cfg.eval)
@@ -117,9 +111,6 @@ class LocalEngine:
 
     def save(self, store: CheckpointStore, ckpt_dir: str) -> list[dict[str, Any]]:
         return [store.write_shard(ckpt_dir, {b.index: b.state_dict()}, block_file(b.index)) for b in self._net().blocks]
-
-    def layout(self) -> dict[str, Any]:
-        return {}
 
     def restore(self, store: CheckpointStore, ckpt_dir: str, shards: list[dict[str, Any]]) -> None:
         net = self._net()
@@ -136,9 +127,6 @@ class LocalEngine:
 
     def extras(self) -> dict[str, Any]:
         return {}
-
-    def topology(self) -> None:
-        return None  # no bundles: every block runs in this process
 
     def stop(self) -> None:
         """Nothing to release."""

@@ -56,6 +56,23 @@ class Prepared:
     """Added to the answer of a grow request (e.g. the stage actor's name)."""
 
 
+class WithoutBundles:
+    """What the Engine protocol asks of an engine that places no block in a bundle of its own (the reference
+    trainer, Ray Train DDP): nothing to release, cache, record or watch."""
+
+    def discard_block(self, block: Prepared) -> None:
+        """Nothing was placed."""
+
+    def cache_prefix(self) -> dict[str, Any] | None:
+        return None  # every block computes where the others do: nothing to save by caching
+
+    def layout(self) -> dict[str, Any]:
+        return {}
+
+    def topology(self) -> TopologyView | None:
+        return None
+
+
 class Engine(Protocol):
     """A runtime the run loop drives. Every call is made from the loop's thread except `position`, and
     `prepare_block` when `places_while_training`."""

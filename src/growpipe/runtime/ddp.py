@@ -1,16 +1,11 @@
-"""Data-parallel BP on Ray Train as an Engine (method bp, runtime.engine: ddp), the baseline: the blocks
-as one network on `ddp.workers` Ray Train workers (TorchTrainer; DDP over gloo on CPUs, NCCL on GPUs),
-each taking an even share of every global mini-batch (growpipe.runtime.ddp_worker).
+"""Data-parallel BP on Ray Train (runtime.engine ddp): the blocks as one network on `ddp.workers` Ray Train
+workers (DDP over gloo on CPUs, NCCL on GPUs), each on an even share of every global mini-batch.
 
-Ray Train keeps the books: every order that changes the weights ends in `ray.train.report(metrics,
-checkpoint=...)` with growpipe's shard format inside the Ray Train checkpoint, stored under the run's
-checkpoint.uri (RunConfig(storage_path=...), folder RUN.ray-train); a worker that dies is replaced by Ray
-Train (FailureConfig(max_failures=runtime.max_stage_restarts)) and its group goes on from that checkpoint.
-The loop's own restore points are copies of those shards. Growth is the loop's decision, executed by starting
-a new trainer from the newest checkpoint with the grown net.
-
-The loop's calls become orders through a Mailbox (growpipe.runtime.mailbox): one in flight, its report
-pushed back by rank 0 through the run's controller actor. DDP pauses only between epochs.
+Ray Train keeps the books: an order that changes the weights ends in `ray.train.report(metrics, checkpoint)`,
+growpipe's shards inside the Ray Train checkpoint (storage_path: checkpoint.uri, folder RUN.ray-train); Ray
+Train replaces a lost worker (FailureConfig) and its group goes on from there. The loop's restore points are
+copies of those shards; a growth starts a new trainer from the newest one with the grown net. The loop's calls
+are orders through a Mailbox, answered by rank 0 via the run's controller actor (growpipe.runtime.ddp_worker).
 """
 
 from __future__ import annotations
@@ -21,17 +16,15 @@ from typing import Any
 from growpipe.checkpoint import CheckpointStore, copy_shards, load_states
 from growpipe.config import RunConfig
 from growpipe.errors import PipelineError
-from growpipe.loop.engine import EpochPart, Poll, Prepared, WorkerLost
+from growpipe.loop.engine import EpochPart, Poll, Prepared, WithoutBundles, WorkerLost
 from growpipe.loop.stats import StageStats
 from growpipe.loop.topology import Layout
 from growpipe.nn.net import GrowableNet
 from growpipe.nn.specs import BlockSpec, InputInfo
 from growpipe.runtime.mailbox import Mailbox, TrainerEnded
 
-END_WAIT_S = 120.0
 
-
-class DDPEngine:
+class DDPEngine(WithoutBundles):
     """Method bp data-parallel on Ray Train workers; see the module docstring."""
 
     name = "ray-train-ddp"
@@ -40,7 +33,7 @@ class DDPEngine:
     net: GrowableNet | None = None
 
     def __init__(self, cfg: RunConfig, run_name: str, reserved: Any = None, say: Any = None):
-        self.cfg, self.run_name = cfg, run_name
+        self.cfg, self.run_name, self.storage_name = cfg, run_name, f"{run_name}.ray-train"
         self.workers = cfg.ddp.workers or cfg.net.blocks
         self.mailbox = Mailbox()
         self.layers: list[dict[str, Any]] = []
@@ -69,9 +62,9 @@ class DDPEngine:
         trainer = TorchTrainer(
             worker_loop,
             train_loop_config={"cfg": self.cfg.model_dump(mode="json"), "run": self.run_name},
-            scaling_config=ScalingConfig(num_workers=self._scale(), use_gpu=gpus,
+            scaling_config=ScalingConfig(num_workers=self._scale, use_gpu=gpus,
                                          resources_per_worker={"CPU": rt.cpus_per_stage}),
-            run_config=TrainRunConfig(storage_path=self.cfg.checkpoint.uri, name=self._train_folder(),
+            run_config=TrainRunConfig(storage_path=self.cfg.checkpoint.uri, name=self.storage_name,
                                       failure_config=FailureConfig(max_failures=rt.max_stage_restarts),
                                       checkpoint_config=CheckpointConfig(num_to_keep=2)),
         )  # fmt: skip
@@ -82,20 +75,16 @@ class DDPEngine:
             try:
                 trainer.fit()
             except BaseException as e:  # Ray Train gave up (more failures than max_failures), or a stop
-                why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            finally:
-                self.mailbox.ended(why)
+                why = (str(e).strip() or type(e).__name__).splitlines()[0]
+            self.mailbox.ended(why)
 
         self.thread = threading.Thread(target=fit, name="growpipe-ddp-fit", daemon=True)
         self.thread.start()
 
-    def _scale(self) -> int | tuple[int, int]:
-        """Ray Train's num_workers: a fixed number, or (min, max) for elastic training (ddp.min_workers)."""
+    @property
+    def _scale(self) -> int | tuple[int, int]:  # elastic between ddp.min_workers and ddp.workers when set
         least = self.cfg.ddp.min_workers
         return (least, self.workers) if least is not None and least < self.workers else self.workers
-
-    def _train_folder(self) -> str:
-        return f"{self.run_name}.ray-train"
 
     def _ask(self, op: str, **args: Any) -> dict[str, Any]:
         """Post an order on the current state and wait for rank 0's report (a checkpoint in it becomes the
@@ -134,7 +123,7 @@ class DDPEngine:
     def _end(self) -> None:
         if self.thread is not None and self.thread.is_alive():
             self.mailbox.post({"op": "end"})
-            self.thread.join(timeout=END_WAIT_S)
+            self.thread.join(timeout=120.0)  # the workers end at once; Ray Train tears down its group
         self.thread = None
 
     # ---- the Engine protocol --------------------------------------------------------------------------
@@ -169,12 +158,6 @@ class DDPEngine:
         self._changed("grow")
         self._start()
 
-    def discard_block(self, block: Prepared) -> None:
-        """Nothing was placed."""
-
-    def cache_prefix(self) -> dict[str, Any] | None:
-        return None
-
     def evaluate(self) -> dict[str, Any]:
         return self._ask("evaluate")["eval"]
 
@@ -191,9 +174,6 @@ class DDPEngine:
         copy_shards(state["fs"], state["path"], state["shards"], store.fs, ckpt_dir)
         return list(state["shards"])
 
-    def layout(self) -> dict[str, Any]:
-        return {}
-
     def restore(self, store: CheckpointStore, ckpt_dir: str, shards: list[dict[str, Any]]) -> None:
         self.frozen = 0  # the restored states carry their frozen flags
         self.start = {"fs": store.fs, "path": ckpt_dir, "shards": shards}
@@ -209,15 +189,11 @@ class DDPEngine:
         state = self._current()
         return load_states(state["fs"], state["path"], state["shards"], [t["index"] for t in self.layers])
 
-    def topology(self) -> None:
-        return None  # Ray Train places and replaces the workers
-
     def position(self) -> tuple[int, int] | None:
         return None
 
     def extras(self) -> dict[str, Any]:
         return {"schedule": "data-parallel (Ray Train DDP)", "workers": self.workers, "trainers": self.trainers,
-                "ray_train_storage": f"{self.cfg.checkpoint.uri}/{self._train_folder()}"}  # fmt: skip
+                "ray_train_storage": f"{self.cfg.checkpoint.uri}/{self.storage_name}"}  # fmt: skip
 
-    def stop(self) -> None:
-        self._end()
+    stop = _end
