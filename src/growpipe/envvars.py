@@ -55,13 +55,18 @@ mid-epoch holds the epoch open this way instead of betting that placement beats 
 
 def hold_at() -> tuple[int, int, str] | None:
     """(epoch, batch, gate file) from GROWPIPE_HOLD_AT, or None."""
-    raw = os.environ.get(GROWPIPE_HOLD_AT)
+    return _two_numbers_and_a_path(GROWPIPE_HOLD_AT, "EPOCH:BATCH:PATH, e.g. 1:5:/tmp/gate")
+
+
+def _two_numbers_and_a_path(name: str, expected: str) -> tuple[int, int, str] | None:
+    """("N:M:PATH" of variable `name`) as (N, M, PATH), or None when it is not set."""
+    raw = os.environ.get(name)
     if not raw:
         return None
-    epoch, batch, path = (raw.split(":", 2) + ["", ""])[:3]
-    if not (epoch.isdigit() and batch.isdigit() and path):
-        raise ValueError(f"{GROWPIPE_HOLD_AT}={raw!r}: expected EPOCH:BATCH:PATH, e.g. 1:5:/tmp/gate")
-    return int(epoch), int(batch), path
+    first, second, path = (raw.split(":", 2) + ["", ""])[:3]
+    if not (first.isdigit() and second.isdigit() and path):
+        raise ValueError(f"{name}={raw!r}: expected {expected}")
+    return int(first), int(second), path
 
 
 GROWPIPE_OWN_BLOCKS_ONLY = "GROWPIPE_OWN_BLOCKS_ONLY"
@@ -111,10 +116,4 @@ step (1-based) unless the file PATH exists (it is created first: the worker dies
 
 def die_at() -> tuple[int, int, str] | None:
     """(rank, step, marker file) from GROWPIPE_DIE_AT, or None."""
-    raw = os.environ.get(GROWPIPE_DIE_AT)
-    if not raw:
-        return None
-    rank, step, path = (raw.split(":", 2) + ["", ""])[:3]
-    if not (rank.isdigit() and step.isdigit() and path):
-        raise ValueError(f"{GROWPIPE_DIE_AT}={raw!r}: expected RANK:STEP:PATH, e.g. 1:3:/tmp/died")
-    return int(rank), int(step), path
+    return _two_numbers_and_a_path(GROWPIPE_DIE_AT, "RANK:STEP:PATH, e.g. 1:3:/tmp/died")
