@@ -110,10 +110,14 @@ def step_delay_s() -> float:
 
 
 GROWPIPE_DIE_AT = "GROWPIPE_DIE_AT"
-"""Fault injection for tests: "RANK:STEP:PATH" makes DDP worker RANK's process exit at its STEP-th training
-step (1-based) unless the file PATH exists (it is created first: the worker dies once)."""
+"""Fault injection for tests: "WORKER:STEP:PATH" makes DDP worker (rank) WORKER's process, or a BP engine's
+stage actor WORKER, exit at its STEP-th training step (1-based) unless the file PATH exists (it is created
+first: the worker dies once)."""
 
 
-def die_at() -> tuple[int, int, str] | None:
-    """(rank, step, marker file) from GROWPIPE_DIE_AT, or None."""
-    return _two_numbers_and_a_path(GROWPIPE_DIE_AT, "RANK:STEP:PATH, e.g. 1:3:/tmp/died")
+def die_here(worker: int, step: int) -> None:
+    """End this process when GROWPIPE_DIE_AT names `worker` and `step` and its marker file is not there yet."""
+    die = _two_numbers_and_a_path(GROWPIPE_DIE_AT, "WORKER:STEP:PATH, e.g. 1:3:/tmp/died")
+    if die and die[:2] == (worker, step) and not os.path.exists(die[2]):
+        open(die[2], "w").close()
+        os._exit(1)  # a worker process lost mid-epoch

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from growpipe import envvars
 from growpipe.config import RunConfig
 from growpipe.errors import ConfigError, NonFiniteError, StageError
 from growpipe.nn.guard import STOP_HINT, problem_after_backward
@@ -118,6 +119,8 @@ class AsyncBPStage(BPStage):
 
     @busy
     def backward(self, batch: int, grad: torch.Tensor | None) -> torch.Tensor | None:  # type: ignore[override]
+        self.backwards += 1
+        envvars.die_here(self.index, self.backwards)
         block = self._require_block()
         saved = self.saved.pop(batch)
         self.stats.batches += 1

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import torch
 import torch.nn.functional as F
 
+from growpipe import envvars
 from growpipe.config import RunConfig
 from growpipe.data.batches import Batch, BatchReader, epoch_batches
 from growpipe.errors import NonFiniteError, StageError
@@ -57,6 +58,7 @@ class BPStage(StageBase):
         self.batch_loss = 0.0  # the last stage: the running mini-batch's loss so far (its micro-batches' shares)
         self.loss_sum = 0.0  # ... and of the mini-batches it stepped on since epoch_stats
         self.loss_batches = 0
+        self.backwards = 0  # backward calls this actor ran (for fault injection)
         self.stats = StageStats(index)
         self.reader = BatchReader(self._read_epoch)  # stage 0: its training data, in the engine's order
 
@@ -99,6 +101,8 @@ class BPStage(StageBase):
     def backward(self, micro: int, grad: torch.Tensor | None) -> torch.Tensor | None:
         """Backward of micro-batch `micro` (the last stage starts from the loss); returns d loss / d input
         (None below a frozen block: nothing there learns)."""
+        self.backwards += 1
+        envvars.die_here(self.index, self.backwards)
         block = self._require_block()
         x_in, out, share = self.saved.pop(micro)
         if block.frozen:
