@@ -18,7 +18,7 @@ from growpipe.growth import grow_refusal
 from growpipe.loop.callbacks import RunCallback
 from growpipe.loop.engine import EpochPart, Prepared, WorkerLost
 from growpipe.loop.loop import RunLoop
-from growpipe.loop.policies import CheckpointTiming, Raise, Retry, decide_failure, pack_host
+from growpipe.loop.policies import CheckpointTiming, Raise, Retry, better_epoch, decide_failure, pack_host
 from growpipe.loop.stats import StageStats, merge_by_stage
 from growpipe.nn.specs import InputInfo
 from tests.conftest import tiny_config
@@ -291,6 +291,39 @@ def test_the_grow_limit_stops_a_planned_step_a_request_took_the_room_of_and_the_
     store = CheckpointStore(str(tmp_path), "fake")
     assert ("save", "ckpt-000002-0000000-0004") in engine.calls  # the boundary of the skipped step
     assert store.read_manifest(store.latest().path)["growth_skipped"] == skipped  # a resumed run keeps it
+
+
+class ValEngine(FakeEngine):
+    """A fake whose validation accuracy follows a script, one value per evaluation."""
+
+    def __init__(self, vals):
+        super().__init__()
+        self.vals = list(vals)
+
+    def evaluate(self):
+        return {**super().evaluate(), "val_accuracy": self.vals.pop(0) if self.vals else 0.0}
+
+
+def test_model_selection_restores_the_best_epoch_since_the_last_growth_and_keeps_its_checkpoint(tmp_path: Path):
+    assert better_epoch(None, {"val_accuracy": 0.1}) and not better_epoch(0.5, {"val_accuracy": 0.5})
+    assert not better_epoch(None, {"val_accuracy": None})
+    # epochs 1-4, a growth after epoch 2: epoch 1 (0.9) is the best overall but of the smaller net
+    engine = ValEngine([0.9, 0.5, 0.8, 0.6, 0.8])  # 5 evaluations: 4 epochs, then the restored net
+    cfg = _cfg(train={"epochs": 2}, data={"val_fraction": 0.1}, grow={"schedule": [{"kind": "layer", "epochs": 2}]},
+               checkpoint={"enabled": True, "keep": 1})  # fmt: skip
+    loop, _ = _loop(cfg, engine, tmp_path)
+    result = loop.run()
+    restores = [c[1] for c in engine.calls if c[0] == "restore"]
+    assert result["selected_epoch"] == 3 and len(restores) == 1 and restores[0].startswith("ckpt-000003-")
+    assert result["epochs"] == 4 and [h["val_accuracy"] for h in result["history"]] == [0.9, 0.5, 0.8, 0.6]
+    # without a validation split, or with eval.restore_best off, the last epoch's net is the result
+    plain = _loop(_cfg(train={"epochs": 2}, checkpoint={"enabled": True}), FakeEngine(), tmp_path / "p")[0].run()
+    assert plain["selected_epoch"] is None
+    off = _cfg(train={"epochs": 3}, data={"val_fraction": 0.1}, eval={"restore_best": False},
+               checkpoint={"enabled": True})  # fmt: skip
+    engine = ValEngine([0.9, 0.5, 0.4])
+    assert _loop(off, engine, tmp_path / "o")[0].run()["selected_epoch"] == 3
+    assert not [c for c in engine.calls if c[0] == "restore"]
 
 
 def test_a_lost_worker_is_retried_from_the_newest_checkpoint_and_the_run_ends_as_planned(tmp_path: Path):

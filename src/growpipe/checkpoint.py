@@ -100,6 +100,8 @@ class CheckpointStore:
         self.keep = keep
         self.fs, root = _filesystem(uri)
         self.root = f"{root.rstrip('/')}/{run_name}"
+        self.protected: set[str] = set()
+        """Checkpoint directories `prune` leaves however old (the best epoch's, for model selection)."""
 
     # ---- writing -----------------------------------------------------------------------------------------
     def dir_for(self, epoch: int, batch: int, seq: int) -> str:
@@ -126,14 +128,14 @@ class CheckpointStore:
         return CheckpointRef(ckpt_dir, manifest["epoch"], manifest["batch"], manifest["seq"])
 
     def prune(self) -> None:
-        """Keep the newest `keep` complete checkpoints; remove every directory older than the oldest kept
-        (complete or left incomplete by a crash)."""
-        complete = self.complete()
+        """Keep the newest `keep` complete checkpoints and the `protected` ones; remove every other directory
+        older than the oldest kept (complete or left incomplete by a crash)."""
+        complete = [c for c in self.complete() if c.path not in self.protected]
         if not complete:
             return
         oldest_kept = min((c.epoch, c.batch, c.seq) for c in complete[-self.keep :])
         for path, pos in self._dirs():
-            if pos < oldest_kept:
+            if pos < oldest_kept and path not in self.protected:
                 self.fs.delete_dir(path)
 
     def clear(self) -> int:

@@ -176,6 +176,8 @@ class MlflowTracker(RunCallback):
             "final.test_accuracy": summary["test_accuracy"],
             "final.samples_per_second": summary["samples_per_second"],
         }
+        if summary.get("selected_epoch") is not None:  # model selection on the validation split
+            final["final.selected_epoch"] = summary["selected_epoch"]
         for s in summary.get("stages", []):
             final[f"stage{s['stage']}.utilisation"] = s["utilisation"]
             final[f"stage{s['stage']}.samples_per_second"] = s["samples_per_second"]

@@ -25,7 +25,7 @@ from growpipe.loop.callbacks import RunCallback, notify, wants_final_net
 from growpipe.loop.elastic import Topology
 from growpipe.loop.engine import Engine, Prepared, WorkerLost
 from growpipe.loop.orders import GrowOrder, check_input_size
-from growpipe.loop.policies import CheckpointTiming, Raise, decide_failure, learned_nothing
+from growpipe.loop.policies import CheckpointTiming, Raise, better_epoch, decide_failure, learned_nothing
 from growpipe.loop.states import Caching, Errored, Finished, Growing, Restoring, Starting, State, Training
 from growpipe.loop.stats import StageStats, merge_by_stage
 from growpipe.nn.inference import chosen_threshold
@@ -104,6 +104,7 @@ class RunLoop:
         self.ckpt_seq = 0
         self.cache_due = False
         self.last_eval: dict[str, Any] | None = None
+        self.best: dict[str, Any] | None = None  # model selection: {epoch, val_accuracy, path} since the last growth
         self.result: dict[str, Any] | None = None
         self.net: GrowableNet | None = None
         self.final_states: list[dict[str, Any]] | None = None
@@ -216,6 +217,8 @@ class RunLoop:
             notify(self.callbacks, "on_start", say=self.say)
             return self._after_restore(manifest)
         notify(self.callbacks, "on_start", say=self.say)
+        if cfg.eval.restore_best and cfg.data.val_fraction and self.store is None:
+            self.say("best   eval.restore_best needs checkpoint.enabled: the result is the last epoch's net")
         if self.store is not None and (gone := self.store.clear()):  # complete ones only with --overwrite
             self.say(
                 f"ckpt   a fresh run: removed {gone} checkpoint folder(s) of an earlier run {self.run_name!r}"
@@ -295,6 +298,7 @@ class RunLoop:
     # ---- decisions between states ---------------------------------------------------------------------
     def _boundary(self, epoch: int) -> State:
         """After `epoch` finished epochs (0: the start): grow (planned, or a request), checkpoint, go on."""
+        best = self._note_best(epoch)
         due = self.plan.due(epoch, self.history, len(self.specs))
         self._collect_placement(wait=False)
         order, self._prepared = self._prepared, None  # placed during an epoch that could not pause
@@ -302,12 +306,23 @@ class RunLoop:
             return Growing(epoch, None, steps=tuple(due), source=self.plan.policy, order=order)
         spread = self.topology.expand_due() if self.store and epoch < self.plan.total_epochs else None
         if spread is not None:  # a shrunk run whose lost homes are back: its blocks go home, state carried over
-            self._checkpoint(epoch, 0)
+            self._checkpoint(epoch, 0, best)
             self.topology.record("expand", epoch, 0, "capacity is back: every block in its own actor again", spread)
             return Restoring(self.store.latest().path, "expand", layout=spread)  # type: ignore[union-attr]
-        if self.timing.at_epoch_end(epoch, self.plan.total_epochs):
-            self._checkpoint(epoch, 0)
+        if best or self.timing.at_epoch_end(epoch, self.plan.total_epochs):
+            self._checkpoint(epoch, 0, best)
         return self._next_epoch(epoch, 0)
+
+    def _note_best(self, epoch: int) -> bool:
+        """Model selection (eval.restore_best): whether epoch `epoch` just beat the best validation accuracy
+        since the last growth (its checkpoint is then written and kept)."""
+        if not (self.cfg.eval.restore_best and self.store and epoch and self.history):
+            return False
+        row = self.history[-1]
+        if row["epoch"] != epoch or not better_epoch(self.best["val_accuracy"] if self.best else None, row):
+            return False
+        self.best = {"epoch": epoch, "val_accuracy": row["val_accuracy"], "path": None}
+        return True
 
     def _next_epoch(self, epoch: int, batch: int) -> State:
         """Train on from `batch` of epoch `epoch` + 1 (building a prefix cache first when one is due), or
@@ -494,6 +509,9 @@ class RunLoop:
         event.update(block=prepared.spec.index, family=prepared.spec.encoder.family, where=prepared.where)
         self.specs.append(prepared.spec)
         self.plan.grew(epoch)
+        self.best = None  # model selection starts again on the grown net
+        if self.store is not None:
+            self.store.protected = set()
         self.last_eval = None
         self.growth.append(event)
         notify(self.callbacks, "on_growth", event, say=self.say)
@@ -530,14 +548,17 @@ class RunLoop:
         """The run's store, or (checkpoints off) one that reads the checkpoint a resume starts from."""
         return self.store or CheckpointStore(self.cfg.checkpoint.uri, self.run_name)
 
-    def _checkpoint(self, epoch: int, batch: int) -> None:
+    def _checkpoint(self, epoch: int, batch: int, best: bool = False) -> None:
         """A restore point at `epoch` finished epochs and `batch` batches into the next: every block's
-        shard from the engine, then the manifest (the commit)."""
+        shard from the engine, then the manifest (the commit). `best`: the epoch model selection keeps."""
         if self.store is None:
             return
         self.ckpt_seq += 1
         t0 = time.perf_counter()
         path = self.store.dir_for(epoch, batch, self.ckpt_seq)
+        if best and self.best is not None:
+            self.best["path"] = path
+            self.store.protected = {path}
         shards = self.engine.save(self.store, path)
         manifest = {**self.record(), "epoch": epoch, "batch": batch, "seq": self.ckpt_seq, "shards": shards,
                     "layout": self.engine.layout()}  # fmt: skip
@@ -565,6 +586,7 @@ class RunLoop:
             "samples": self.samples,
             "caches": self.caches,
             "restarts": self.restarts,
+            "best": self.best,
             "mlflow_run_id": next((cb.run_id for cb in self.callbacks if getattr(cb, "run_id", None)), None),
         }
 
@@ -580,17 +602,22 @@ class RunLoop:
         self.frozen = {int(i) for i in manifest["frozen_checksums"]}
         self.train_seconds, self.samples = manifest["train_seconds"], manifest["samples"]
         self.caches = list(manifest.get("caches", []))
+        self.best = manifest.get("best")
+        if self.store is not None:
+            self.store.protected = {self.best["path"]} if self.best else set()
         self.cache_due = self.cfg.grow.cache.enabled and bool(self.frozen)
         self.totals = {}
         self.last_eval = None
 
     # ---- the end --------------------------------------------------------------------------------------
     def _finish(self) -> State:
+        selected = self._select_best()
         ev = dict(self.last_eval or self.engine.evaluate())
         ev["early_exit"] = self.engine.measure_early_exit(chosen_threshold(ev, self.cfg.eval.exit_threshold))
         summary = summarize(self.cfg, len(self.specs), self.history, self.growth, ev, self.train_seconds,
                             self.samples)  # fmt: skip
         summary["runtime"] = self.engine.name
+        summary["selected_epoch"] = selected
         if self.engine.stage_table:
             rows = [self.totals[i].row() for i in sorted(self.totals)]
             hops = sorted(r["hop_ms_median"] for r in rows if r["hop_ms_median"] is not None)
@@ -611,6 +638,22 @@ class RunLoop:
         if wanting:
             notify(wanting, "on_final_net", self.final_net(), summary, say=self.say)
         return Finished()
+
+    def _select_best(self) -> int | None:
+        """Model selection at the end: back to the best epoch's checkpoint when a later epoch was worse on the
+        validation split; the epoch whose net the result is (None: no validation split)."""
+        last = self.history[-1] if self.history else None
+        if last is None or last["val_accuracy"] is None:
+            return None
+        best = self.best
+        if best is None or best["path"] is None or best["epoch"] == last["epoch"] or self.store is None:
+            return last["epoch"]
+        manifest = self.store.read_manifest(best["path"])
+        self.engine.restore(self.store, best["path"], manifest["shards"])
+        self.last_eval = None
+        self.say(f"best   epoch {best['epoch']} (val {best['val_accuracy']:.4f}) restored: the last, epoch "
+                 f"{last['epoch']}, had val {last['val_accuracy']:.4f}")  # fmt: skip
+        return int(best["epoch"])
 
     def final_net(self) -> GrowableNet:
         """The trained net in this process (after FINISHED)."""

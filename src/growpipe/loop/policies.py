@@ -13,6 +13,7 @@ When the net grows by plan is growpipe.growth.GrowthPlan's decision.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from growpipe.config import CheckpointSpec
 from growpipe.loop.stats import StageStats
@@ -88,3 +89,10 @@ def pack_host(on_no_capacity: str, last_host: int) -> int | None:
     """Where a block goes that cannot get a worker of its own within runtime.placement_timeout_s: into the
     actor that runs the last block (`last_host`) when grow.on_no_capacity is pack; None: the growth fails."""
     return last_host if on_no_capacity == "pack" else None
+
+
+def better_epoch(best_val: float | None, row: dict[str, Any]) -> bool:
+    """Whether an epoch's row beats the best validation accuracy so far (`best_val`; None: nothing yet, e.g.
+    right after a growth): strictly higher, so among equals the earliest epoch stays selected."""
+    val = row.get("val_accuracy")
+    return val is not None and (best_val is None or val > best_val)
