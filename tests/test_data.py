@@ -13,7 +13,7 @@ import torch
 
 from growpipe.config import DataSpec, FeatureGroupsSpec
 from growpipe.data import iterate_batches, load_data
-from growpipe.data.text import Vocab, tokenize
+from growpipe.data.text import Vocab, kept_length, tokenize
 from growpipe.errors import DataError
 from tests.conftest import text_frames, write_idx
 
@@ -64,6 +64,17 @@ def test_newsgroups_parquet_and_vocabulary(text_dir: Path):
     assert len(b.vocab) == 10 and b.vocab.itos[:2] == ["<pad>", "<unk>"]
     assert b.class_names == ["topic0", "topic1", "topic2"]
     assert (b.train.x[:, 15] == 0).all()  # 15 tokens per document: padded at the end
+
+
+def test_lengths_and_vocabulary_chosen_from_the_data(text_dir: Path):
+    assert kept_length([3, 10, 20, 40], cap=100, percentile=50) == 10
+    assert kept_length([3, 10, 20, 40], cap=30, percentile=100) == 30 and kept_length([1, 2], 30, 95) == 4
+    assert kept_length([3, 10], cap=30, percentile=None) == 30
+    lengths: list[int] = []
+    v = Vocab.build(["a b b c", "b c z"], size=10, min_count=2, lengths=lengths)
+    assert v.itos == ["<pad>", "<unk>", "b", "c"] and lengths == [4, 3]  # a and z were seen once
+    b = load_data(DataSpec(name="20newsgroups", root=str(text_dir), max_len=64, max_len_percentile=50))
+    assert b.input_shape == (15,)  # every training document has 15 tokens
 
 
 def test_vocab_and_tokenizer():

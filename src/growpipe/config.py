@@ -150,7 +150,14 @@ class DataSpec(_Strict):
     vocab_size: int = Field(20000, ge=3)
     """Word vocabulary size built from the train split (including <pad> and <unk>)."""
     max_len: int = Field(256, ge=4)
-    """Tokens kept per document."""
+    """Tokens kept per document (with max_len_percentile: at most this many)."""
+    max_len_percentile: float | None = Field(None, gt=0, le=100)
+    """Choose the tokens kept per document from the data: this percentile of the train split's document
+    lengths in tokens (e.g. 95: 95% of documents kept whole), at most max_len, at least 4. Short texts then
+    get short inputs and long ones are not cut at a guess."""
+    min_count: int = Field(1, ge=1)
+    """Words seen fewer times than this in the train split stay out of the vocabulary (read as <unk>):
+    typos and one-off names do not take the room of words the net can learn."""
     batch_size: int = Field(64, ge=1)
     """Samples per mini-batch (one packet through the pipeline, one optimizer step per block)."""
     limit_train: int | None = Field(None, ge=1)

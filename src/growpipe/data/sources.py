@@ -17,7 +17,7 @@ from growpipe.data.checks import Origin, check_columns, column_array, dropped_co
 from growpipe.data.images import open_fs, open_image, read_folder_images, scan_folder, stack_images
 from growpipe.data.moments import unit_float
 from growpipe.data.stream import ArrowSource, ColumnsSource, DiskRows, FolderSource
-from growpipe.data.text import Vocab
+from growpipe.data.text import Vocab, kept_length
 from growpipe.errors import DataError, DataNotFoundError
 
 if TYPE_CHECKING:
@@ -474,9 +474,11 @@ def frames_to_bundle(name: str, train: pd.DataFrame, test: pd.DataFrame, spec: D
     if spec.text_column in train.columns:
         check_columns([spec.text_column], list(test.columns), origins, name)
         _check_text(train[spec.text_column], spec.text_column, name)
-        vocab = Vocab.build(train[spec.text_column].astype(str), spec.vocab_size)
-        xtr = vocab.encode(train[spec.text_column].astype(str).tolist(), spec.max_len)
-        xte = vocab.encode(test[spec.text_column].astype(str).tolist(), spec.max_len)
+        lengths: list[int] = []
+        vocab = Vocab.build(train[spec.text_column].astype(str), spec.vocab_size, spec.min_count, lengths)
+        max_len = kept_length(lengths, spec.max_len, spec.max_len_percentile)
+        xtr = vocab.encode(train[spec.text_column].astype(str).tolist(), max_len)
+        xte = vocab.encode(test[spec.text_column].astype(str).tolist(), max_len)
         return DataBundle(name, "text", Split(xtr, ytr), Split(xte, yte), len(class_names), class_names, vocab)
     others = [c for c in train.columns if c not in (label, "label_name")]
     vectors = [c for c in others if _is_vector_column(train[c])]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -17,6 +18,16 @@ def tokenize(text: str) -> list[str]:
     return _TOKEN.findall(text.lower())
 
 
+def kept_length(lengths: Sequence[int], cap: int, percentile: float | None) -> int:
+    """Tokens to keep per document: `cap`, or the `percentile` of the documents' `lengths` in tokens (at most
+    `cap`, at least 4)."""
+    if percentile is None or not lengths:
+        return cap
+    ordered = sorted(lengths)
+    at = ordered[min(len(ordered) - 1, max(0, math.ceil(percentile / 100 * len(ordered)) - 1))]
+    return max(4, min(cap, at))
+
+
 class Vocab:
     """Maps words to ids: 0 is <pad>, 1 is <unk>, then the most frequent training words."""
 
@@ -27,18 +38,19 @@ class Vocab:
         self.num_docs = num_docs
 
     @classmethod
-    def build(cls, texts: Iterable[str], size: int) -> Vocab:
-        """The `size - 2` most frequent words of `texts` (ties broken by first appearance)."""
+    def build(cls, texts: Iterable[str], size: int, min_count: int = 1, lengths: list[int] | None = None) -> Vocab:
+        """The `size - 2` most frequent words of `texts` seen at least `min_count` times (ties broken by first
+        appearance); each text's length in tokens is appended to `lengths` when given."""
         counts: Counter[str] = Counter()
         docs: Counter[str] = Counter()
-        n = 0
+        lengths = [] if lengths is None else lengths
         for t in texts:
             toks = tokenize(t)
             counts.update(toks)
             docs.update(set(toks))
-            n += 1
-        words = [w for w, _ in counts.most_common(max(size - 2, 0))]
-        return cls(words, [docs[w] for w in words], n)
+            lengths.append(len(toks))
+        words = [w for w, c in counts.most_common(max(size - 2, 0)) if c >= min_count]
+        return cls(words, [docs[w] for w in words], len(lengths))
 
     def idf(self) -> torch.Tensor:
         """Smoothed inverse document frequency per id, log((1 + N) / (1 + df)) + 1; 0 for <pad>, 1 for <unk>."""
