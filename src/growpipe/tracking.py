@@ -176,6 +176,8 @@ class MlflowTracker(RunCallback):
             "final.test_accuracy": summary["test_accuracy"],
             "final.samples_per_second": summary["samples_per_second"],
         }
+        if "accuracy" in (bar := summary.get("baseline") or {}):  # eval.baseline: the classical bar beside it
+            final["final.baseline_accuracy"] = bar["accuracy"]
         for s in summary.get("stages", []):
             final[f"stage{s['stage']}.utilisation"] = s["utilisation"]
             final[f"stage{s['stage']}.samples_per_second"] = s["samples_per_second"]

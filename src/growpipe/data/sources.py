@@ -474,10 +474,11 @@ def frames_to_bundle(name: str, train: pd.DataFrame, test: pd.DataFrame, spec: D
     if spec.text_column in train.columns:
         check_columns([spec.text_column], list(test.columns), origins, name)
         _check_text(train[spec.text_column], spec.text_column, name)
-        vocab = Vocab.build(train[spec.text_column].astype(str), spec.vocab_size)
-        xtr = vocab.encode(train[spec.text_column].astype(str).tolist(), spec.max_len)
-        xte = vocab.encode(test[spec.text_column].astype(str).tolist(), spec.max_len)
-        return DataBundle(name, "text", Split(xtr, ytr), Split(xte, yte), len(class_names), class_names, vocab)
+        ttr, tte = (df[spec.text_column].astype(str).to_numpy(dtype=object) for df in (train, test))
+        vocab = Vocab.build(ttr, spec.vocab_size)
+        xtr, xte = vocab.encode(ttr.tolist(), spec.max_len), vocab.encode(tte.tolist(), spec.max_len)
+        return DataBundle(name, "text", Split(xtr, ytr, text=ttr), Split(xte, yte, text=tte), len(class_names),
+                          class_names, vocab)  # fmt: skip
     others = [c for c in train.columns if c not in (label, "label_name")]
     vectors = [c for c in others if _is_vector_column(train[c])]
     feats = [c for c in others if c in vectors or pd.api.types.is_numeric_dtype(train[c])]
