@@ -8,7 +8,16 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from growpipe.baseline import FEATURE_BAR, TEXT_BAR, classical_bar, groups_refusal, memory_refusal
+from growpipe.baseline import (
+    FEATURE_BAR,
+    LBFGS_FEWEST,
+    LBFGS_MOST,
+    TEXT_BAR,
+    classical_bar,
+    groups_refusal,
+    lbfgs_iterations,
+    memory_refusal,
+)
 from growpipe.cli import main
 from growpipe.data import load_data
 from growpipe.local import train_local
@@ -34,7 +43,13 @@ def test_the_text_bar_fits_the_raw_text_of_exactly_the_rows_the_run_trains_and_t
 def test_the_digits_bar_is_standardised_logistic_regression_above_90_percent():
     bar = classical_bar(tiny_config())
     assert bar["kind"] == FEATURE_BAR and (bar["train_rows"], bar["test_rows"]) == (1347, 450)
-    assert bar["accuracy"] > 0.9 and bar["seconds"] >= 0
+    assert bar["accuracy"] > 0.9 and bar["seconds"] >= 0 and f"max_iter={LBFGS_MOST}" in bar["model"]
+
+
+def test_the_feature_bars_iteration_cap_shrinks_with_the_set_within_its_bounds():
+    assert lbfgs_iterations(1347, 64, 10) == LBFGS_MOST  # digits: converges well within it
+    assert LBFGS_FEWEST < lbfgs_iterations(60_000, 784, 10) < 40  # Fashion-MNIST: seconds
+    assert lbfgs_iterations(50_000, 3072, 100) == LBFGS_FEWEST  # CIFAR-100: no fewer than the floor
 
 
 def test_data_read_from_disk_per_batch_is_read_whole_for_the_bar_when_it_fits(digits_on_disk: str):
