@@ -38,6 +38,7 @@ def test_the_text_bar_fits_the_raw_text_of_exactly_the_rows_the_run_trains_and_t
     assert bar["kind"] == TEXT_BAR and "TfidfVectorizer" in bar["model"]
     assert (bar["train_rows"], bar["test_rows"]) == (40, 20)  # 50 subsampled, 10 of them held out for validation
     assert bar["accuracy"] >= 0.95  # three topics of distinct words
+    assert classical_bar(cfg)["accuracy"] == bar["accuracy"]  # saga's sample order comes from the run's seed
 
 
 def test_the_digits_bar_is_standardised_logistic_regression_above_90_percent():

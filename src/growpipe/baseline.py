@@ -21,7 +21,7 @@ from growpipe.report import format_bar
 TEXT_BAR = "tfidf+logreg"
 FEATURE_BAR = "standardised+logreg"
 TEXT_MODEL = ("TfidfVectorizer(sublinear_tf, ngram_range=(1, 2), min_df=2, max_features=500000) + "
-              "LogisticRegression(C=10, saga, tol=1e-3)")  # fmt: skip
+              "LogisticRegression(C=10, saga, tol=1e-3, random_state=seed)")  # fmt: skip
 FEATURE_MODEL = "StandardScaler (fit on train) + LogisticRegression(C=1, lbfgs, max_iter={iterations})"
 LBFGS_WORK = 15_000_000_000
 """What one fit of the feature bar may cost, in rows x features x classes per lbfgs iteration summed over its
@@ -86,7 +86,7 @@ def classical_bar(cfg: RunConfig) -> dict[str, Any]:
         return {"skipped": why}
     if bundle.kind == "text":
         xtr, ytr, xte, yte = text_rows(bundle)
-        kind, model, fit = TEXT_BAR, TEXT_MODEL, fit_text
+        kind, model, fit = TEXT_BAR, TEXT_MODEL, partial(fit_text, seed=cfg.seed)
     else:
         (xtr, ytr), (xte, yte) = feature_rows(bundle.train), feature_rows(bundle.test)
         iterations = lbfgs_iterations(len(ytr), features, bundle.num_classes)
@@ -125,15 +125,16 @@ def feature_rows(split: Split) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(xs), np.concatenate(ys)
 
 
-def fit_text(texts: np.ndarray, labels: np.ndarray) -> Any:
-    """TEXT_MODEL fitted on `texts`: its predict function (raw texts -> class ids)."""
+def fit_text(texts: np.ndarray, labels: np.ndarray, seed: int = 0) -> Any:
+    """TEXT_MODEL fitted on `texts` (saga's sample order drawn from `seed`): its predict function (raw texts ->
+    class ids)."""
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
 
     model = make_pipeline(
         TfidfVectorizer(sublinear_tf=True, ngram_range=(1, 2), min_df=2, max_features=500_000, dtype=np.float32),
-        LogisticRegression(C=10.0, solver="saga", tol=1e-3, max_iter=200),
+        LogisticRegression(C=10.0, solver="saga", tol=1e-3, max_iter=200, random_state=seed),
     )
     return _quietly_fitted(model, texts, labels).predict
 
