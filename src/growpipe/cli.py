@@ -1,4 +1,4 @@
-"""The `growpipe` command: train, grow, sweep, partition, evaluate, serve, data, bench."""
+"""The `growpipe` command: train, grow, sweep, partition, evaluate, baseline, serve, data, bench."""
 
 from __future__ import annotations
 
@@ -146,6 +146,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--json-out", metavar="FILE", help="write the evaluation JSON here")
     ev.add_argument("--plot-out", metavar="PNG", help="plot accuracy vs compute (every exit, adaptive) here")
+
+    ba = sub.add_parser(
+        "baseline",
+        help="the classical bar of a run config: TF-IDF or standardised features + logistic regression",
+        description="Fit scikit-learn's TF-IDF + logistic regression (text) or logistic regression on standardised "
+        "features (tables, images) on the rows a run of the config trains on (data.limit_train, the "
+        "data.val_fraction hold-out) and print its accuracy on the rows the run tests on. A run with "
+        "eval.baseline: true draws it too, beside its result.",
+        epilog=EPILOG,
+    )
+    _add_config_args(ba)
+    ba.add_argument("--json-out", metavar="FILE", help="write the bar as JSON here")
 
     se = sub.add_parser(
         "serve",
@@ -352,6 +364,24 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_baseline(args: argparse.Namespace) -> int:
+    from growpipe.baseline import classical_bar
+    from growpipe.config import load_config
+    from growpipe.errors import DataError
+    from growpipe.outputs import write_json
+    from growpipe.report import format_bar
+
+    cfg = load_config(args.config, args.overrides)
+    _check_outputs({"--json-out": (args.json_out, "json")})
+    bar = classical_bar(cfg)
+    if "skipped" in bar:
+        raise DataError(format_bar(bar))
+    print(f"{cfg.data.name}: {format_bar(bar)}")
+    if args.json_out:
+        print(f"baseline JSON: {write_json(args.json_out, {'dataset': cfg.data.name, **bar})}")
+    return 0
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     import yaml
 
@@ -542,6 +572,7 @@ def _run(argv: Sequence[str] | None) -> int:
         "train": _cmd_train,
         "grow": _cmd_grow,
         "evaluate": _cmd_evaluate,
+        "baseline": _cmd_baseline,
         "sweep": _cmd_sweep,
         "partition": _cmd_partition,
         "data": _cmd_data,

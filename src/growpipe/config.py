@@ -484,6 +484,12 @@ class EvalSpec(_Strict):
     confident leaves, the blocks above never compute it; its measured time per sample is reported beside
     the full path's); default: the lowest of `thresholds` whose accuracy is within 0.5 point of the full
     path's."""
+    baseline: bool = False
+    """Draw the classical bar beside the run (growpipe baseline): TF-IDF + logistic regression for text,
+    logistic regression on standardised features for tables and images, on the run's own train/test rows;
+    seconds in the run's process once it finished, in the result JSON as `baseline` and in MLflow as
+    final.baseline_accuracy. Data it cannot handle (sequence-feature groups, data read from disk per batch too
+    big for memory) is said in one line and the run goes on without it."""
 
     @field_validator("thresholds")
     @classmethod

@@ -332,9 +332,13 @@ def checkpoint_store(cfg: RunConfig, run_name: str | None = None) -> CheckpointS
 
 
 def run_callbacks(cfg: RunConfig, run_name: str, say: Callable[[str], None], on_ray: bool = False) -> list[RunCallback]:
-    """The callbacks of a run: its progress lines, MLflow tracking when tracking.mlflow, and on Ray (the
-    run's controller) its live Ray metrics."""
+    """The callbacks of a run: its progress lines, the classical bar when eval.baseline, MLflow tracking when
+    tracking.mlflow, and on Ray (the run's controller) its live Ray metrics."""
     callbacks: list[RunCallback] = [ProgressLog(say)]
+    if cfg.eval.baseline:
+        from growpipe.baseline import ClassicalBar
+
+        callbacks.append(ClassicalBar(cfg, say))
     if cfg.tracking.mlflow:
         from growpipe.tracking import MlflowTracker
 

@@ -110,11 +110,23 @@ def format_report(summary: dict[str, Any]) -> str:
         f"{summary['samples_per_second']:.0f} samples/s, {summary['train_seconds']:.1f}s training",
         format_exits(summary),
     ]
+    if (bar := summary.get("baseline")) and "skipped" not in bar:  # a skipped one was said as the run ended
+        lines.insert(1, "  " + format_bar(bar))
     for g in summary["growth"]:
         before = "n/a" if g["acc_before"] is None else f"{g['acc_before']:.4f}"
         after = "n/a" if g["acc_after"] is None else f"{g['acc_after']:.4f}"
         lines.append(f"  growth at epoch {g['epoch']}: +{g['kind']} -> {g['blocks']} blocks, acc {before} -> {after}")
     return "\n".join(lines)
+
+
+def format_bar(bar: dict[str, Any]) -> str:
+    """The one line a classical bar (growpipe.baseline.classical_bar) is printed as (`baseline skipped: why`
+    when it was not drawn)."""
+    if "skipped" in bar:
+        return f"baseline skipped: {bar['skipped']}"
+    return (f"baseline {bar['kind']}: test accuracy {bar['accuracy']:.4f} ({bar['train_rows']:,} train / "
+            f"{bar['test_rows']:,} test rows, {bar['seconds']:.1f}s fit and test, {bar['load_seconds']:.1f}s "
+            "loading)")  # fmt: skip
 
 
 def format_stage_table(stages: list[dict[str, Any]]) -> str:

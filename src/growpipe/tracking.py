@@ -178,6 +178,8 @@ class MlflowTracker(RunCallback):
         }
         if summary.get("selected_epoch") is not None:  # model selection on the validation split
             final["final.selected_epoch"] = summary["selected_epoch"]
+        if "accuracy" in (bar := summary.get("baseline") or {}):  # eval.baseline: the classical bar beside it
+            final["final.baseline_accuracy"] = bar["accuracy"]
         for s in summary.get("stages", []):
             final[f"stage{s['stage']}.utilisation"] = s["utilisation"]
             final[f"stage{s['stage']}.samples_per_second"] = s["samples_per_second"]

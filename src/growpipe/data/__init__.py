@@ -37,14 +37,17 @@ PREFIXES: dict[str, tuple[Callable[[DataSpec], DataBundle], str]] = {
 }
 
 
-def load_data(spec: DataSpec, seed: int = 0) -> DataBundle:
+def load_data(spec: DataSpec, seed: int = 0, keep_text: bool = False) -> DataBundle:
     """Load the dataset named in `spec`, subsample if asked, cut its feature groups, and set up training
-    augmentation (seeded with the run's `seed`)."""
+    augmentation (seeded with the run's `seed`). `keep_text`: a text set's splits keep each row's raw text
+    (Split.text, the rows the run trains and tests on); dropped otherwise."""
     if spec.name in REGISTRY:
         loader = REGISTRY[spec.name][0]
     else:
         loader = next(fn for prefix, (fn, _) in PREFIXES.items() if spec.name.startswith(prefix))
     bundle = loader(spec)
+    if not keep_text:
+        bundle.train.text = bundle.test.text = None
     bundle.source = bundle.source or (f"{spec.name} in {spec.root}" if spec.root else spec.name)
     bundle.train = limit(bundle.train, spec.limit_train)
     bundle.test = limit(bundle.test, spec.limit_test)

@@ -32,6 +32,9 @@ class Split:
     side: dict[str, torch.Tensor] = field(default_factory=dict)
     augment: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor] | None = None
     """Training augmentation (data.augment): applied by `inputs` when given the epoch."""
+    text: np.ndarray | None = None
+    """Each row's raw text (a text set loaded with load_data(keep_text=True): the classical baseline's
+    input), else None."""
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
@@ -199,7 +202,8 @@ def hold_out(split: Split, fraction: float, seed: int = 1) -> tuple[Split, Split
 
 def _take(split: Split, idx: torch.Tensor) -> Split:
     x = split.x.take(idx.numpy()) if split.streamed else split.x[idx]
-    return Split(x, split.y[idx], {k: v[idx] for k, v in split.side.items()})
+    text = split.text[idx.numpy()] if split.text is not None else None
+    return Split(x, split.y[idx], {k: v[idx] for k, v in split.side.items()}, text=text)
 
 
 def _cut(length: int, count: int) -> list[tuple[int, int]]:

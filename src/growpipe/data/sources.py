@@ -474,12 +474,13 @@ def frames_to_bundle(name: str, train: pd.DataFrame, test: pd.DataFrame, spec: D
     if spec.text_column in train.columns:
         check_columns([spec.text_column], list(test.columns), origins, name)
         _check_text(train[spec.text_column], spec.text_column, name)
+        ttr, tte = (df[spec.text_column].astype(str).to_numpy(dtype=object) for df in (train, test))
         lengths: list[int] = []
-        vocab = Vocab.build(train[spec.text_column].astype(str), spec.vocab_size, spec.min_count, lengths)
+        vocab = Vocab.build(ttr, spec.vocab_size, spec.min_count, lengths)
         max_len = kept_length(lengths, spec.max_len, spec.max_len_percentile)
-        xtr = vocab.encode(train[spec.text_column].astype(str).tolist(), max_len)
-        xte = vocab.encode(test[spec.text_column].astype(str).tolist(), max_len)
-        return DataBundle(name, "text", Split(xtr, ytr), Split(xte, yte), len(class_names), class_names, vocab)
+        xtr, xte = vocab.encode(ttr.tolist(), max_len), vocab.encode(tte.tolist(), max_len)
+        return DataBundle(name, "text", Split(xtr, ytr, text=ttr), Split(xte, yte, text=tte), len(class_names),
+                          class_names, vocab)  # fmt: skip
     others = [c for c in train.columns if c not in (label, "label_name")]
     vectors = [c for c in others if _is_vector_column(train[c])]
     feats = [c for c in others if c in vectors or pd.api.types.is_numeric_dtype(train[c])]

@@ -37,6 +37,10 @@ class RunCallback:
     def on_topology(self, event: dict[str, Any]) -> None:
         """Where the blocks run changed (replace, shrink, expand): growpipe.loop.elastic.Topology.record."""
 
+    def result_fields(self) -> dict[str, Any]:
+        """Fields this callback adds to the result JSON, asked for once the run finished (before on_finish)."""
+        return {}
+
     def on_finish(self, summary: dict[str, Any]) -> None: ...
 
     def on_final_net(self, net: Any, summary: dict[str, Any]) -> None:
@@ -52,13 +56,17 @@ class RunCallback:
     def close(self) -> Any: ...
 
 
-def notify(callbacks: Sequence[RunCallback], method: str, *args: Any, say: Callable[[str], None] = print) -> None:
-    """Call `method` on every callback; a failing callback is reported and skipped, the run goes on."""
+def notify(callbacks: Sequence[RunCallback], method: str, *args: Any, say: Callable[[str], None] = print) -> list[Any]:
+    """Call `method` on every callback; what each returned (None from one that failed: a failing callback is
+    reported and skipped, the run goes on)."""
+    answers = []
     for cb in callbacks:
         try:
-            getattr(cb, method)(*args)
+            answers.append(getattr(cb, method)(*args))
         except Exception as e:  # tracking and other side work must never end a run
             say(f"warn   {type(cb).__name__}.{method} failed ({type(e).__name__}: {str(e)[:160]}); the run goes on")
+            answers.append(None)
+    return answers
 
 
 class ProgressLog(RunCallback):

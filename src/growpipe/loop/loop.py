@@ -630,6 +630,8 @@ class RunLoop:
         summary["restarts"] = self.restarts
         summary["topology_changes"] = self.topology.changes
         summary["checkpoints"] = self.store.root if self.store else None
+        for fields in notify(self.callbacks, "result_fields", say=self.say):
+            summary.update(fields or {})
         wanting = [cb for cb in self.callbacks if wants_final_net(cb)]
         if self.engine.net is None and (self.keep_net or wanting):  # a whole net only where one is asked for
             self.final_states = self.engine.final_states()
