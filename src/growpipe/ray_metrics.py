@@ -80,6 +80,7 @@ class RayMetrics(RunCallback):
         self.run = run
         self.gauges = {m.name: Gauge(m.name, m.help, m.tags) for m in METRICS if m.kind == "gauge"}
         self.counters = {m.name: Counter(m.name, m.help, m.tags) for m in METRICS if m.kind == "counter"}
+        self.latest: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
 
     def after_epoch_stages(self, epoch: int, stages: list[dict[str, Any]]) -> None:
         self._record(stage_points(self.run, stages))
@@ -93,6 +94,10 @@ class RayMetrics(RunCallback):
     def _record(self, points: list[Point]) -> None:
         for name, tags, value in points:
             if name in self.gauges:
-                self.gauges[name].set(value, tags=tags)
+                self.latest[(name, tuple(sorted(tags.items())))] = value
             else:
                 self.counters[name].inc(value, tags=tags)
+        # every gauge is set again with the newest values: Ray's exporter may leave out a series no one set
+        # since its last report, and a stage that stopped training (frozen below a prefix cache) sets none
+        for (name, tags), value in self.latest.items():
+            self.gauges[name].set(value, tags=dict(tags))
