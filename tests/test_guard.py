@@ -180,17 +180,14 @@ def test_a_diverging_run_exits_1_with_one_line_keeps_its_finite_checkpoints_and_
     assert run.info.status == "FAILED" and run.data.tags["growpipe.end_reason"] == message
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_pipelined_bp_skips_a_non_finite_mini_batch_on_every_stage_or_stops_on_it(schedule):
-    """The stage classes in this process, driven in each schedule's order: the last stage decides."""
-    from growpipe.data.batches import micro_slices
+def _bp_stages(cfg) -> tuple[list, InputInfo]:
+    """Two pipelined-BP stages of `cfg` (runtime.engine: gpipe or 1f1b) in this process, set up, and the
+    input info."""
     from growpipe.nn.net import plan_blocks
     from growpipe.runtime.async_bp import AsyncBPStage
     from growpipe.runtime.bp_stage import BPStage
 
-    cfg = tiny_config(method="bp", threads=1, train={"on_nonfinite": "skip_batch"},
-                      runtime={"engine": schedule}, bp_pipeline={"micro_batches": 2})  # fmt: skip
-    one_f_one_b = schedule == "1f1b"
+    one_f_one_b = cfg.runtime.engine == "1f1b"
     threads = torch.get_num_threads()
     try:  # a stage sets torch's threads to runtime.cpus_per_stage
         stages = [(AsyncBPStage if one_f_one_b else BPStage)(i, cfg) for i in range(2)]
@@ -199,6 +196,18 @@ def test_pipelined_bp_skips_a_non_finite_mini_batch_on_every_stage_or_stops_on_i
     info, _ = stages[0].load_data()
     for i, (st, spec) in enumerate(zip(stages, plan_blocks(cfg.net, "bp", info), strict=True)):
         st.setup(spec, info, i == 1, *((2, False) if one_f_one_b else ()))
+    return stages, info
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_pipelined_bp_skips_a_non_finite_mini_batch_on_every_stage_or_stops_on_it(schedule):
+    """The stage classes in this process, driven in each schedule's order: the last stage decides."""
+    from growpipe.data.batches import micro_slices
+
+    cfg = tiny_config(method="bp", threads=1, train={"on_nonfinite": "skip_batch"},
+                      runtime={"engine": schedule}, bp_pipeline={"micro_batches": 2})  # fmt: skip
+    one_f_one_b = schedule == "1f1b"
+    stages, _ = _bp_stages(cfg)
     split = stages[0].bundle.train
     _, spoiled = next(batch_order(len(split), 64, shuffle=True, epoch=1, start_batch=1))
     split.x[spoiled] = float("nan")  # every sample of batch 1
@@ -309,21 +318,10 @@ def test_a_grad_clip_at_or_below_zero_is_refused_in_one_line(value, capsys):
 def test_pipelined_bp_stages_clip_their_block_as_single_process_bp_does(schedule):
     """Each stage clips its own block's gradients before its step (GPipe in step, 1F1B in backward): the
     weights of single-process BP with the same train.grad_clip, and not those of a run without it."""
-    from growpipe.nn.net import plan_blocks
-    from growpipe.runtime.async_bp import AsyncBPStage
-    from growpipe.runtime.bp_stage import BPStage
-
     cfg = tiny_config(method="bp", threads=1, train={"grad_clip": 0.1}, runtime={"engine": schedule},
                       bp_pipeline={"micro_batches": 1})  # fmt: skip
     one_f_one_b = schedule == "1f1b"
-    threads = torch.get_num_threads()
-    try:
-        stages = [(AsyncBPStage if one_f_one_b else BPStage)(i, cfg) for i in range(2)]
-    finally:
-        torch.set_num_threads(threads)
-    info, _ = stages[0].load_data()
-    for i, (st, spec) in enumerate(zip(stages, plan_blocks(cfg.net, "bp", info), strict=True)):
-        st.setup(spec, info, i == 1, *((2, False) if one_f_one_b else ()))
+    stages, info = _bp_stages(cfg)
     clipped = GrowableNet.build(cfg.rule(), cfg.net, info)
     free = GrowableNet.build(cfg.model_copy(update={"train": cfg.train.model_copy(update={"grad_clip": None})}).rule(),
                              cfg.net, info)  # fmt: skip

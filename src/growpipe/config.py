@@ -307,7 +307,8 @@ class OptimSpec(_Strict):
     optimizer applies are scaled down to a total 2-norm of at most this (torch.nn.utils.clip_grad_norm_);
     null: no clipping. The norm is taken per optimizer, i.e. per block (AL: f+b and g+h apart), for every
     rule and engine alike: BP's reference trainer and DDP clip each block as a GPipe or 1F1B stage does,
-    not the whole net."""
+    not the whole net. Off by default: at 1.0 it did not keep SCPL's last-state BiLSTM from collapsing
+    (bench/RESULTS.md, issue 28)."""
 
     @field_validator("grad_clip")
     @classmethod
