@@ -38,6 +38,10 @@ CASES = {
     "last-lr-3e-4": ["net.lstm_pooling=last", "train.lr=0.0003"],
     "last-batch-256": ["net.lstm_pooling=last", "data.batch_size=256"],
     "mean": ["net.lstm_pooling=mean"],
+    "last-clip-1": ["net.lstm_pooling=last", "train.grad_clip=1.0"],  # issue 28: does clipping keep them apart?
+    "last-clip-0.5": ["net.lstm_pooling=last", "train.grad_clip=0.5"],
+    "last-clip-5": ["net.lstm_pooling=last", "train.grad_clip=5.0"],
+    "mean-clip-1": ["net.lstm_pooling=mean", "train.grad_clip=1.0"],
 }
 
 

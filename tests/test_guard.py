@@ -180,17 +180,14 @@ def test_a_diverging_run_exits_1_with_one_line_keeps_its_finite_checkpoints_and_
     assert run.info.status == "FAILED" and run.data.tags["growpipe.end_reason"] == message
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_pipelined_bp_skips_a_non_finite_mini_batch_on_every_stage_or_stops_on_it(schedule):
-    """The stage classes in this process, driven in each schedule's order: the last stage decides."""
-    from growpipe.data.batches import micro_slices
+def _bp_stages(cfg) -> tuple[list, InputInfo]:
+    """Two pipelined-BP stages of `cfg` (runtime.engine: gpipe or 1f1b) in this process, set up, and the
+    input info."""
     from growpipe.nn.net import plan_blocks
     from growpipe.runtime.async_bp import AsyncBPStage
     from growpipe.runtime.bp_stage import BPStage
 
-    cfg = tiny_config(method="bp", threads=1, train={"on_nonfinite": "skip_batch"},
-                      runtime={"engine": schedule}, bp_pipeline={"micro_batches": 2})  # fmt: skip
-    one_f_one_b = schedule == "1f1b"
+    one_f_one_b = cfg.runtime.engine == "1f1b"
     threads = torch.get_num_threads()
     try:  # a stage sets torch's threads to runtime.cpus_per_stage
         stages = [(AsyncBPStage if one_f_one_b else BPStage)(i, cfg) for i in range(2)]
@@ -199,6 +196,18 @@ def test_pipelined_bp_skips_a_non_finite_mini_batch_on_every_stage_or_stops_on_i
     info, _ = stages[0].load_data()
     for i, (st, spec) in enumerate(zip(stages, plan_blocks(cfg.net, "bp", info), strict=True)):
         st.setup(spec, info, i == 1, *((2, False) if one_f_one_b else ()))
+    return stages, info
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_pipelined_bp_skips_a_non_finite_mini_batch_on_every_stage_or_stops_on_it(schedule):
+    """The stage classes in this process, driven in each schedule's order: the last stage decides."""
+    from growpipe.data.batches import micro_slices
+
+    cfg = tiny_config(method="bp", threads=1, train={"on_nonfinite": "skip_batch"},
+                      runtime={"engine": schedule}, bp_pipeline={"micro_batches": 2})  # fmt: skip
+    one_f_one_b = schedule == "1f1b"
+    stages, _ = _bp_stages(cfg)
     split = stages[0].bundle.train
     _, spoiled = next(batch_order(len(split), 64, shuffle=True, epoch=1, start_batch=1))
     split.x[spoiled] = float("nan")  # every sample of batch 1
@@ -280,3 +289,56 @@ def test_gpipe_skips_like_single_process_bp_and_stops_once_an_epoch_learns_nothi
     assert skipped == ["skipped batches b0=21 b1=21"]  # epoch 1: only the first mini-batch was finite
     assert message.startswith("block 0 (22 of 22), block 1 (22 of 22) skipped every batch of the epoch")
     assert " at epoch 2; lower train.lr" in message
+
+
+def test_grad_clip_scales_each_optimizers_gradients_on_its_own_before_the_step():
+    a, b = torch.zeros(2, requires_grad=True), torch.zeros(2, requires_grad=True)
+
+    def step(grad_clip: float | None) -> tuple[list[float], list[float]]:
+        for w in (a, b):
+            w.data.zero_()
+        opts = [torch.optim.SGD([a], lr=1.0), torch.optim.SGD([b], lr=1.0)]  # a step moves w by -grad
+        loss = (a * torch.tensor([3.0, 4.0])).sum() + (b * torch.tensor([0.3, 0.4])).sum()  # norms 5 and 0.5
+        guarded_update({"l": loss}, opts, "stop", grad_clip=grad_clip)
+        return a.tolist(), b.tolist()
+
+    assert step(None) == ([-3.0, -4.0], [pytest.approx(-0.3), pytest.approx(-0.4)])
+    clipped_a, clipped_b = step(1.0)  # a to norm 1; b under it stays (one norm over both would shrink b too)
+    assert clipped_a == pytest.approx([-0.6, -0.8], abs=1e-6) and clipped_b == pytest.approx([-0.3, -0.4])
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_a_grad_clip_at_or_below_zero_is_refused_in_one_line(value, capsys):
+    assert main(["train", "--runtime", "local", "-q", "--set", f"train.grad_clip={value}"]) == 2
+    err = capsys.readouterr().err
+    assert f"train.grad_clip: got {float(value)}; give a norm above 0 (e.g. 1.0), or null for no clipping" in err
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_pipelined_bp_stages_clip_their_block_as_single_process_bp_does(schedule):
+    """Each stage clips its own block's gradients before its step (GPipe in step, 1F1B in backward): the
+    weights of single-process BP with the same train.grad_clip, and not those of a run without it."""
+    cfg = tiny_config(method="bp", threads=1, train={"grad_clip": 0.1}, runtime={"engine": schedule},
+                      bp_pipeline={"micro_batches": 1})  # fmt: skip
+    one_f_one_b = schedule == "1f1b"
+    stages, info = _bp_stages(cfg)
+    clipped = GrowableNet.build(cfg.rule(), cfg.net, info)
+    free = GrowableNet.build(cfg.model_copy(update={"train": cfg.train.model_copy(update={"grad_clip": None})}).rule(),
+                             cfg.net, info)  # fmt: skip
+    for b in range(4):
+        packet = stages[0].reader.get(1, b).parts[0]
+        clipped.train_step(packet)
+        free.train_step(packet)
+        if one_f_one_b:
+            stages[1].forward(1, b, stages[0].forward(1, b))
+            stages[0].backward(b, stages[1].backward(b, None))
+        else:
+            stages[1].forward(1, b, 0, 1.0, stages[0].forward(1, b, 0, 1.0))
+            stages[0].backward(0, stages[1].backward(0, None))
+            verdicts = [stages[1].verdict(b), stages[0].verdict(b)]
+            assert [st.step(b, *verdicts) for st in stages] == [None, None]
+    for st, ref, other in zip(stages, clipped.blocks, free.blocks, strict=True):
+        ours = st.block.modules.state_dict()
+        for k, v in ref.modules.state_dict().items():
+            assert torch.allclose(ours[k], v, atol=1e-6, rtol=0), k
+        assert any(not torch.allclose(ours[k], v, atol=1e-4) for k, v in other.modules.state_dict().items())

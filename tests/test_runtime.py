@@ -41,17 +41,20 @@ def _assert_same_weights(net_a, net_b, atol=0.0):
 
 
 @pytest.mark.parametrize(
-    ("method", "window", "read", "precision"),
-    [("al", 4, "disk", "fp32"), ("scpl", 1, "memory", "bf16"), ("dascpl", 4, "disk", "fp32")],
+    ("method", "window", "read", "precision", "grad_clip"),
+    [("al", 4, "disk", "fp32", 0.1), ("scpl", 1, "memory", "bf16", 2.0), ("dascpl", 4, "disk", "fp32", None)],
 )
-def test_pipeline_matches_reference_trainer(method, window, read, precision, digits_on_disk, monkeypatch):
+def test_pipeline_matches_reference_trainer(method, window, read, precision, grad_clip, digits_on_disk, monkeypatch):
     """Every rule, each window mode (one packet in flight, several), each reader (memory, disk) and each
     precision (bf16: autocast, activations crossing the hops in bfloat16); at most `window` packets in flight
-    between two stages. The evaluation streams through the stages (no actor builds a block it was not given)
-    and reports what the reference trainer's does, early exit included."""
+    between two stages; gradient clipping (AL's two parts apart; bf16's fp32 gradients), at norms these
+    blocks' gradients pass in about half (AL) and most (SCPL) of the steps. The evaluation streams through
+    the stages (no actor builds a block it was not given) and reports what the reference trainer's does,
+    early exit included."""
     monkeypatch.setenv("GROWPIPE_OWN_BLOCKS_ONLY", "1")
     disk = {"name": digits_on_disk, "image_shape": [1, 8, 8], "stream": True}
-    cfg = _small(method, window, train={"precision": precision}, **({"data": disk} if read == "disk" else {}))
+    train = {"precision": precision, "grad_clip": grad_clip}
+    cfg = _small(method, window, train=train, **({"data": disk} if read == "disk" else {}))
     reference = train_local(cfg, progress=None)
     with Pipeline(cfg) as p:
         result = p.train(progress=None)

@@ -309,6 +309,20 @@ class OptimSpec(_Strict):
     skip_batch (that batch's update is skipped, the optimizer state untouched, and counted in
     skipped_batches; an epoch whose every batch is skipped stops the run all the same). Pipelined BP skips
     the mini-batch on every stage; data-parallel BP on every worker."""
+    grad_clip: float | None = None
+    """Gradient clipping: before each optimizer step (after the non-finite check), the gradients that
+    optimizer applies are scaled down to a total 2-norm of at most this (torch.nn.utils.clip_grad_norm_);
+    null: no clipping. The norm is taken per optimizer, i.e. per block (AL: f+b and g+h apart), for every
+    rule and engine alike: BP's reference trainer and DDP clip each block as a GPipe or 1F1B stage does,
+    not the whole net. Off by default: at 1.0 it did not keep SCPL's last-state BiLSTM from collapsing
+    (bench/RESULTS.md, issue 28)."""
+
+    @field_validator("grad_clip")
+    @classmethod
+    def _positive_clip(cls, v: float | None) -> float | None:
+        if v is not None and not v > 0:
+            raise ValueError(f"got {v}; give a norm above 0 (e.g. 1.0), or null for no clipping")
+        return v
 
 
 class ALSpec(_Strict):

@@ -81,6 +81,7 @@ class Block:
         self.info = info
         self.seed = rule.seed
         self.on_nonfinite = rule.optim.on_nonfinite
+        self.grad_clip = rule.optim.grad_clip
         self.precision = rule.optim.precision
         self.steps = 0
         self.index = spec.index
@@ -147,9 +148,10 @@ class Block:
         raise NotImplementedError
 
     def learn(self, losses: dict[str, torch.Tensor]) -> dict[str, float]:
-        """Backward the sum of `losses` and step every optimizer of the block, through the divergence guard:
-        the losses as floats, or {"skipped": 1.0} (train.on_nonfinite: skip_batch); NonFiniteError (stop)."""
-        return guarded_update(losses, list(self.optimizers.values()), self.on_nonfinite)
+        """Backward the sum of `losses` and step every optimizer of the block (its gradients clipped at
+        train.grad_clip), through the divergence guard: the losses as floats, or {"skipped": 1.0}
+        (train.on_nonfinite: skip_batch); NonFiniteError (stop)."""
+        return guarded_update(losses, list(self.optimizers.values()), self.on_nonfinite, grad_clip=self.grad_clip)
 
     @torch.no_grad()
     def forward(self, p: Packet) -> Packet:

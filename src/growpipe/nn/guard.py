@@ -5,6 +5,11 @@ finite in ONE host sync (the floats the metrics need anyway) and steps the optim
 are finite. Otherwise the gradients are dropped, the parameters and optimizer state stay as they were, and
 the step either raises NonFiniteError (stop) or reports itself skipped (skip_batch). A guarded step never
 makes a weight non-finite from a non-finite loss or gradient.
+
+`clip_gradients` (train.grad_clip) runs between the check and the step, on every engine: each optimizer's
+gradients are scaled to a total 2-norm of at most grad_clip, over the parameters that optimizer steps (one
+block, or for AL one of its two parts), never over the whole net: a pipeline stage holds one block, and 1F1B
+steps a stage before the stages above it have their gradients, so this is the one norm every engine can take.
 """
 
 from __future__ import annotations
@@ -85,9 +90,19 @@ def grads_finite(optimizers: Sequence[torch.optim.Optimizer]) -> bool:
     return flag is None or flag.item() == 0.0
 
 
+def clip_gradients(optimizers: Sequence[torch.optim.Optimizer], max_norm: float | None) -> None:
+    """Scale each optimizer's gradients (the fp32 ones the step applies, under bf16 too) so that their total
+    2-norm is at most `max_norm`, each optimizer on its own (None: leave them as they are). No host sync."""
+    if max_norm is None:
+        return
+    for opt in optimizers:
+        if grads := [p for g in opt.param_groups for p in g["params"] if p.grad is not None]:
+            torch.nn.utils.clip_grad_norm_(grads, max_norm)
+
+
 def guarded_update(losses: dict[str, torch.Tensor], optimizers: Sequence[torch.optim.Optimizer], on_nonfinite: str,
-                   replicated: bool = False) -> dict[str, float]:  # fmt: skip
-    """One update: zero the gradients, backward the sum of `losses`, check, step.
+                   replicated: bool = False, grad_clip: float | None = None) -> dict[str, float]:  # fmt: skip
+    """One update: zero the gradients, backward the sum of `losses`, check, clip (`grad_clip`), step.
 
     Returns the losses as floats, or {SKIPPED: 1.0} when skip_batch dropped the update; raises NonFiniteError
     (without a place: the caller adds it) under stop. `replicated`: a data-parallel replica, whose backward
@@ -99,6 +114,7 @@ def guarded_update(losses: dict[str, torch.Tensor], optimizers: Sequence[torch.o
         total.backward()
     floats, problem = check_step(losses, optimizers, judge_losses=not replicated)
     if problem is None:
+        clip_gradients(optimizers, grad_clip)
         for opt in optimizers:
             opt.step()
         return floats

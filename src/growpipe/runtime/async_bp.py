@@ -32,7 +32,7 @@ from torch.func import functional_call
 from growpipe import envvars
 from growpipe.config import RunConfig
 from growpipe.errors import ConfigError, NonFiniteError, StageError
-from growpipe.nn.guard import STOP_HINT, problem_after_backward
+from growpipe.nn.guard import STOP_HINT, clip_gradients, problem_after_backward
 from growpipe.nn.packet import Packet
 from growpipe.runtime.bp_stage import BPStage, busy
 
@@ -152,6 +152,7 @@ class AsyncBPStage(BPStage):
         dist = sum(float((weights[n].detach() - p.detach()).square().sum()) for n, p in live.items())
         self.stale_sum += math.sqrt(dist)
         self.stale_n += 1
+        clip_gradients([opt], block.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
         block.steps += 1

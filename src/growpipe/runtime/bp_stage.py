@@ -24,7 +24,7 @@ from growpipe.config import RunConfig
 from growpipe.data.batches import Batch, BatchReader, epoch_batches
 from growpipe.errors import NonFiniteError, StageError
 from growpipe.loop.stats import StageStats
-from growpipe.nn.guard import STOP_HINT, problem_after_backward
+from growpipe.nn.guard import STOP_HINT, clip_gradients, problem_after_backward
 from growpipe.nn.methods.bp import BPBlock
 from growpipe.nn.packet import Packet
 from growpipe.nn.specs import BlockSpec, InputInfo
@@ -153,6 +153,7 @@ class BPStage(StageBase):
                 self.loss_batches += 1
             self.batch_loss = 0.0
         if verdict is None:
+            clip_gradients([opt], block.grad_clip)  # the mini-batch's gradients, summed over its micro-batches
             opt.step()
         else:
             key = f"b{block.index}"

@@ -107,7 +107,9 @@ class Replica:
             with last.computing():
                 loss = F.cross_entropy(self.model(p.x.to(device), None, {}), p.y.to(device))
             try:  # the backward inside: DDP averages the gradients of all workers there
-                metrics = guarded_update({"ce": loss}, optimizers, last.on_nonfinite, replicated=True)
+                metrics = guarded_update(
+                    {"ce": loss}, optimizers, last.on_nonfinite, replicated=True, grad_clip=last.grad_clip
+                )  # each block's averaged gradients
             except NonFiniteError as e:
                 raise e.located(f"DDP worker {self.rank} (block {last.index}, {type(last).__name__})",
                                 batch=batch.index) from None  # fmt: skip

@@ -41,7 +41,8 @@ class BPBlock(Block):
 def train_chain(blocks: list[BPBlock], p: Packet) -> tuple[Packet, dict[str, float]]:
     """One end-to-end step: frozen blocks forward without grad, the rest with; cross-entropy at the last
     block's classifier; one backward; every trainable block steps its optimizer (through the divergence
-    guard: a non-finite loss or gradient skips every block's step, or stops, naming the last block)."""
+    guard: a non-finite loss or gradient skips every block's step, or stops, naming the last block), its
+    gradients clipped at train.grad_clip block by block, as a pipeline stage clips its own."""
     last = blocks[-1]
     if last.frozen or "cls" not in last.modules:
         raise ValueError(
@@ -56,7 +57,8 @@ def train_chain(blocks: list[BPBlock], p: Packet) -> tuple[Packet, dict[str, flo
             logits = last.modules["cls"](last.features(p.x, p.mask))
             loss = F.cross_entropy(logits, p.y)
         try:
-            metrics = guarded_update({"ce": loss}, [b.optimizers["all"] for b in trainable], last.on_nonfinite)
+            metrics = guarded_update({"ce": loss}, [b.optimizers["all"] for b in trainable], last.on_nonfinite,
+                                     grad_clip=last.grad_clip)  # fmt: skip
         except NonFiniteError as e:
             raise e.located(where=last.name, batch=p.index) from None
         for b in trainable:
