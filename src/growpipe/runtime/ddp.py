@@ -41,7 +41,6 @@ class DDPEngine(WithoutBundles):
         self.start: dict[str, Any] | None = None  # the checkpoint the weights are in: {fs, path, shards}
         self.version: int | str = ""  # names the state the next order runs on; workers not at it load `start` first
         self.current = False  # `start` holds every block as it is now
-        self.sums: dict[int, str] = {}
         self.thread: threading.Thread | None = None
         self.trainers = self.changes = 0
 
@@ -103,7 +102,6 @@ class DDPEngine(WithoutBundles):
         if "path" in report:
             self.start = {"fs": report["fs"], "path": report["path"], "shards": report["shards"]}
             self.version = report["seq"]  # what the workers that wrote it are at
-            self.sums = {int(k): v for k, v in report["checksums"].items()}
             self.current = True
         return report
 
@@ -165,8 +163,7 @@ class DDPEngine(WithoutBundles):
         return self._ask("early_exit", threshold=threshold)["early_exit"]
 
     def checksums(self) -> dict[int, str]:
-        self._current()
-        return dict(self.sums)
+        return {int(k): v for k, v in self._ask("checksums")["checksums"].items()}
 
     def save(self, store: CheckpointStore, ckpt_dir: str) -> list[dict[str, Any]]:
         """The newest Ray Train checkpoint's shards, copied into the loop's checkpoint `ckpt_dir`."""
