@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 import torch
 
-from growpipe.config import DataSpec, FeatureGroupsSpec
+from growpipe.config import DataSpec, FeatureGroupsSpec, load_config
 from growpipe.data import iterate_batches, load_data
 from growpipe.data.text import Vocab, kept_length, tokenize
-from growpipe.errors import DataError
+from growpipe.errors import ConfigError, DataError
 from tests.conftest import text_frames, write_idx
 
 
@@ -82,6 +82,18 @@ def test_vocab_and_tokenizer():
     v = Vocab.build(["a b b c", "b c"], size=4)
     assert v.itos == ["<pad>", "<unk>", "b", "c"]
     assert v.encode(["b z c"], 5).tolist() == [[2, 1, 3, 0, 0]]
+
+
+def test_word_pairs_are_terms_of_their_own(text_dir: Path):
+    v = Vocab.build(["a b b c", "a b c"], size=20, min_count=2, ngrams=2)
+    assert v.itos == ["<pad>", "<unk>", "b", "a", "c", "a b", "b c"]  # "b b" was seen once
+    assert v.encode(["a b z"], 3).tolist() == [[3, 2, 1, 5, 1]]  # 3 words, then their 2 pairs
+    b = load_data(DataSpec(name="20newsgroups", root=str(text_dir), max_len=8, ngrams=2))
+    assert b.input_shape == (15,) and len(b.vocab) > len(
+        load_data(DataSpec(name="20newsgroups", root=str(text_dir))).vocab
+    )
+    with pytest.raises(ConfigError, match="data.ngrams: .* only net.backbone embedding"):
+        load_config(None, ["data.ngrams=2", "net.backbone=transformer"])
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "csv", "json"])

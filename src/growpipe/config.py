@@ -158,6 +158,10 @@ class DataSpec(_Strict):
     min_count: int = Field(1, ge=1)
     """Words seen fewer times than this in the train split stay out of the vocabulary (read as <unk>):
     typos and one-off names do not take the room of words the net can learn."""
+    ngrams: int = Field(1, ge=1, le=2)
+    """Terms per document: 1, its words; 2, its words and then the word pairs (bigrams) among the words kept,
+    each pair a vocabulary entry of its own (counted, ranked and cut by vocab_size and min_count with the
+    words). A bag of terms: net.backbone embedding only, whose tf-idf or mean pooling ignores order."""
     batch_size: int = Field(64, ge=1)
     """Samples per mini-batch (one packet through the pipeline, one optimizer step per block)."""
     limit_train: int | None = Field(None, ge=1)
@@ -731,6 +735,9 @@ class RunConfig(_Strict):
             raise ValueError(why)
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device: {self.device!r} is not auto, cpu, cuda or cuda:N")
+        if self.data.ngrams > 1 and self.net.backbone != "embedding":
+            raise ValueError(f"data.ngrams: word pairs make a bag of terms, which only net.backbone embedding reads "
+                             f"(this net is {self.net.backbone}); set data.ngrams: 1")  # fmt: skip
         if self.data.augment and self.data.feature_groups.scheme != "none":
             raise ValueError("data.augment: crops and flips would move pixels across data.feature_groups; choose one")
         if self.data.augment and self.grow.freeze and self.grow.cache.enabled and self.max_blocks() > self.net.blocks:

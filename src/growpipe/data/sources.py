@@ -476,7 +476,7 @@ def frames_to_bundle(name: str, train: pd.DataFrame, test: pd.DataFrame, spec: D
         _check_text(train[spec.text_column], spec.text_column, name)
         ttr, tte = (df[spec.text_column].astype(str).to_numpy(dtype=object) for df in (train, test))
         lengths: list[int] = []
-        vocab = Vocab.build(ttr, spec.vocab_size, spec.min_count, lengths)
+        vocab = Vocab.build(ttr, spec.vocab_size, spec.min_count, lengths, spec.ngrams)
         max_len = kept_length(lengths, spec.max_len, spec.max_len_percentile)
         xtr, xte = vocab.encode(ttr.tolist(), max_len), vocab.encode(tte.tolist(), max_len)
         return DataBundle(name, "text", Split(xtr, ytr, text=ttr), Split(xte, yte, text=tte), len(class_names),
