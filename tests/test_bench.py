@@ -4,6 +4,7 @@ import json
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
@@ -212,3 +213,50 @@ def test_serve_benchmark_quick_follows_a_job_under_load_and_times_each_threshold
     assert follow["failed"] == 0 and follow["requests"] == 4 * 10 and follow["versions_answered"] >= 1
     assert [r["threshold"] for r in result["thresholds"]] == [1.0, 0.999, 0.99, 0.9, 0.85, 0.8, 0.7]
     assert all(r["failed"] == 0 and r["p99_ms"] >= r["p50_ms"] > 0 for r in result["thresholds"])
+
+
+def test_text_sets_and_text_bar_quick_on_a_tiny_source(tmp_path: Path, text_dir: Path):
+    sets = tmp_path / "sets"
+    _run_bench("text_sets", ["--source", str(text_dir), "--out", str(sets), "--lead-words", "5",
+                             "--pair", "topic0,topic2"])  # fmt: skip
+    leads = pd.read_parquet(sets / "news-leads" / "train.parquet")
+    assert len(leads) == 60 and leads["text"].str.split().str.len().max() == 5 and leads["label"].nunique() == 3
+    pair = pd.read_parquet(sets / "news-pair" / "test.parquet")
+    assert set(zip(pair["label_name"], pair["label"], strict=True)) == {("topic0", 0), ("topic2", 1)}
+    out = tmp_path / "bar.json"
+    _run_bench("text_bar", ["--quick", "--sets", str(sets / "news-pair"), "--methods", "bp,dascpl",
+                            "--set", "net.width=16", "--set", "net.embed_dim=16", "--set", "data.batch_size=8",
+                            "--checkpoint-dir", str(tmp_path / "ckpt"), "--json-out", str(out)])  # fmt: skip
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["set"], r["method"]) for r in rows] == [
+        ("news-pair", "bar"),
+        ("news-pair", "bp"),
+        ("news-pair", "dascpl"),
+    ]
+    bar, bp, dascpl = rows
+    assert bar["kind"] == "tfidf+logreg" and 0 <= bar["accuracy"] <= 1 and bar["train_rows"] == 36  # 10% held out
+    for r in (bp, dascpl):
+        assert 0 <= r["test_accuracy"] <= 1 and r["selected_epoch"] in (1, 2)  # restored from its checkpoint
+        assert r["vs_bar_points"] == round(100 * (r["test_accuracy"] - bar["accuracy"]), 2)
+    assert len(dascpl["exit_accuracy"]) == 2 and dascpl["vs_bp_points"] is not None
+    assert not (tmp_path / "ckpt").exists()  # each run's checkpoints removed after it
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--sets", "news-short"], "--sets: news-short not known"),
+        (["--sets", "news-pair", "--pair", "topic0,sci.space"], "--pair: sci.space not a group of the source"),
+    ],
+)
+def test_text_sets_refuses_bad_input_in_one_line(tmp_path: Path, text_dir: Path, capsys, argv, message):
+    assert _bench_module("text_sets").main(["--source", str(text_dir), "--out", str(tmp_path / "sets"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"text_sets.py: {message}") and err.count("\n") == 1
+    assert not (tmp_path / "sets").exists()
+
+
+def test_text_bar_refuses_a_set_without_parquet_files_before_training(tmp_path: Path, capsys):
+    assert _bench_module("text_bar").main(["--sets", str(tmp_path), "--checkpoint-dir", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"text_bar.py: --sets: {tmp_path} lacks train.parquet, test.parquet") and err.count("\n") == 1
