@@ -245,6 +245,16 @@ def test_a_field_problem_names_the_file_the_key_is_in(tmp_path: Path):
     assert [p.split(":")[0] for p in problems] == ["method (line 2)", f"data.batch_size ({tmp_path}/base.yaml line 3)"]
 
 
+def test_the_20newsgroups_configs_are_the_text_recipe_with_their_method():
+    text = load_config(REPO / "configs" / "text.yaml").model_dump(mode="json")
+    assert (text["data"]["min_count"], text["data"]["max_len_percentile"], text["data"]["val_fraction"],
+            text["train"]["epochs"]) == (2, 95, 0.1, 8)  # fmt: skip
+    for method in ("al", "scpl", "dascpl", "bp"):
+        path = REPO / "configs" / f"20newsgroups-{method}.yaml"
+        assert "base: text.yaml" in path.read_text()
+        assert load_config(path).model_dump(mode="json") == {**text, "method": method}
+
+
 def test_a_missing_base_is_one_line_and_exit_2_from_the_command(tmp_path: Path, capsys):
     from growpipe.cli import main
 
