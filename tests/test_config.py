@@ -163,3 +163,103 @@ def test_config_problems_leave_a_config_for_the_checks_that_follow():
         "data.augment: crops and flips would move pixels across data.feature_groups; choose one"
     ])  # fmt: skip
     assert config_and_problems({"train": {"epochs": 1}}) == (RunConfig.model_validate({"train": {"epochs": 1}}), [])
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_a_base_is_read_first_and_the_file_merged_over_it(tmp_path: Path):
+    _write(tmp_path / "base.yaml", "method: scpl\ndata:\n  batch_size: 32\n  vocab_size: 900\n"
+                                   "eval:\n  thresholds: [0.1, 0.2, 0.3]\ntrain:\n  epochs: 5\n")  # fmt: skip
+    child = _write(tmp_path / "child.yaml", "base: base.yaml\ndata:\n  batch_size: 16\n"
+                                            "eval:\n  thresholds: [0.9]\n")  # fmt: skip
+    cfg = load_config(child, ["train.lr=0.01"])
+    assert (cfg.method, cfg.data.batch_size, cfg.data.vocab_size) == ("scpl", 16, 900)  # nested keys merge
+    assert cfg.eval.thresholds == [0.9] and (cfg.train.epochs, cfg.train.lr) == (5, 0.01)  # a list replaces
+    assert "base" not in __import__("yaml").safe_load(dump_config(cfg))  # what a checkpoint stores: resolved
+
+
+def test_a_base_path_is_relative_to_the_file_naming_it_and_bases_chain(tmp_path: Path, monkeypatch):
+    _write(tmp_path / "shared" / "root.yaml", "seed: 7\nnet:\n  blocks: 3\n  width: 32\n")
+    _write(tmp_path / "shared" / "mid.yaml", "base: root.yaml\nmethod: dascpl\nnet:\n  width: 48\n")
+    _write(tmp_path / "runs" / "leaf.yaml", "base: ../shared/mid.yaml\nnet:\n  blocks: 4\n")
+    _write(tmp_path / "abs.yaml", f"base: {tmp_path / 'runs' / 'leaf.yaml'}\nseed: 1\n")
+    monkeypatch.chdir(_write(tmp_path / "elsewhere" / "x", "").parent)
+    cfg = load_config("../runs/leaf.yaml")
+    assert (cfg.seed, cfg.method, cfg.net.blocks, cfg.net.width) == (7, "dascpl", 4, 48)
+    cfg = load_config(tmp_path / "abs.yaml")  # an absolute base path
+    assert (cfg.seed, cfg.method, cfg.net.blocks, cfg.net.width) == (1, "dascpl", 4, 48)
+
+
+@pytest.mark.parametrize(
+    ("files", "overrides", "needle"),
+    [
+        (
+            {"a.yaml": "base: gone.yaml\n"},
+            [],
+            "a.yaml line 1: base: {tmp}/gone.yaml: no such file; give a YAML file relative to {tmp} (this file's "
+            "folder) or an absolute path",
+        ),
+        (
+            {"a.yaml": "seed: 1\nbase: [x.yaml]\n"},
+            [],
+            "a.yaml line 2: base: ['x.yaml'] is not a file path; give the YAML file this config starts from, e.g. "
+            "base: text.yaml",
+        ),
+        (
+            {"a.yaml": "base: b.yaml\n", "b.yaml": "base: a.yaml\n"},
+            [],
+            "b.yaml line 1: base: a.yaml makes a cycle ({tmp}/a.yaml -> {tmp}/b.yaml -> {tmp}/a.yaml); remove the "
+            "base: that leads back",
+        ),
+        ({"a.yaml": "base: a.yaml\n"}, [], "makes a cycle ({tmp}/a.yaml -> {tmp}/a.yaml)"),
+        (
+            {"a.yaml": "seed: 1\n", "b.yaml": ""},
+            ["base=b.yaml"],
+            "--set 'base=b.yaml': base works only in a config file (it names the YAML file that file starts from); "
+            "write base: PATH at the top of the file you pass to --config",
+        ),
+    ],
+)
+def test_a_bad_base_is_one_line_naming_the_file_and_the_fix(tmp_path: Path, files, overrides, needle):
+    for name, text in files.items():
+        _write(tmp_path / name, text)
+    with pytest.raises(ConfigError) as e:
+        load_config(tmp_path / "a.yaml", overrides)
+    assert len(str(e.value).splitlines()) == 1 and needle.format(tmp=tmp_path) in str(e.value)
+
+
+def test_a_field_problem_names_the_file_the_key_is_in(tmp_path: Path):
+    from growpipe.prepare import read_config
+
+    _write(tmp_path / "base.yaml", "seed: 0\ndata:\n  batch_size: 0\n")
+    child = _write(tmp_path / "child.yaml", "base: base.yaml\nmethod: sgd\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(child)
+    text = str(e.value)
+    assert "method (line 2): got 'sgd'" in text and f"data.batch_size ({tmp_path}/base.yaml line 3):" in text
+    _, problems = read_config(str(child))  # what `growpipe train` lists with the run's other problems
+    assert [p.split(":")[0] for p in problems] == ["method (line 2)", f"data.batch_size ({tmp_path}/base.yaml line 3)"]
+
+
+def test_the_20newsgroups_configs_are_the_text_recipe_with_their_method():
+    text = load_config(REPO / "configs" / "text.yaml").model_dump(mode="json")
+    assert (text["data"]["min_count"], text["data"]["max_len_percentile"], text["data"]["val_fraction"],
+            text["train"]["epochs"]) == (2, 95, 0.1, 8)  # fmt: skip
+    for method in ("al", "scpl", "dascpl", "bp"):
+        path = REPO / "configs" / f"20newsgroups-{method}.yaml"
+        assert "base: text.yaml" in path.read_text()
+        assert load_config(path).model_dump(mode="json") == {**text, "method": method}
+
+
+def test_a_missing_base_is_one_line_and_exit_2_from_the_command(tmp_path: Path, capsys):
+    from growpipe.cli import main
+
+    config = _write(tmp_path / "run.yaml", "base: nowhere/common.yaml\nmethod: scpl\n")
+    assert main(["train", "--runtime", "local", "--config", str(config)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"growpipe train: error: {config} line 1: base: {tmp_path}/nowhere/common.yaml: no such file; "
+                   f"give a YAML file relative to {tmp_path} (this file's folder) or an absolute path"]  # fmt: skip

@@ -803,14 +803,19 @@ class RunConfig(_Strict):
         return self.train.epochs + sum(s.epochs for s in self.grow.schedule)
 
 
-def _format_errors(err: ValidationError, source: str, lines: dict[tuple[str, ...], int] | None = None) -> str:
+KeyPlaces = dict[tuple[str, ...], int | str]
+"""Where each key of a config is, by its path of keys: a line of the file itself (int), or 'FILE line N' for a
+key that comes from a base file."""
+
+
+def _format_errors(err: ValidationError, source: str, lines: KeyPlaces | None = None) -> str:
     """A header and one line per problem, the field named as the user wrote it (`lines`: where each YAML key
     is)."""
     problems = problem_lines(err, lines)
     return "\n".join([f"{source}: {len(problems)} problem(s)", *(f"  {p}" for p in problems)])
 
 
-def problem_lines(err: ValidationError, lines: dict[tuple[str, ...], int] | None = None) -> list[str]:
+def problem_lines(err: ValidationError, lines: KeyPlaces | None = None) -> list[str]:
     """One line per problem of a validation error: 'field (line N): what is wrong and the fix'."""
     problems = []
     for e in err.errors():
@@ -846,11 +851,12 @@ def _is_union_tag(part: Any) -> bool:
     return isinstance(part, str) and ("[" in part or "(" in part)
 
 
-def _line_of(loc: tuple[str, ...], lines: dict[tuple[str, ...], int] | None) -> str:
-    """' (line N)' of the deepest key of `loc` the YAML file has, or ''."""
+def _line_of(loc: tuple[str, ...], lines: KeyPlaces | None) -> str:
+    """' (line N)' (or ' (BASE line N)') of the deepest key of `loc` the YAML file has, or ''."""
     for n in range(len(loc), 0, -1):
         if lines and loc[:n] in lines:
-            return f" (line {lines[loc[:n]]})"
+            place = lines[loc[:n]]
+            return f" (line {place})" if isinstance(place, int) else f" ({place})"
     return ""
 
 
@@ -905,6 +911,9 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         if "=" not in item:
             raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set train.lr=0.01")
         key, value = item.split("=", 1)
+        if key.strip() == "base":
+            raise ConfigError(f"--set {item!r}: base works only in a config file (it names the YAML file that file "
+                              "starts from); write base: PATH at the top of the file you pass to --config")  # fmt: skip
         try:
             set_dotted(out, key, parse_value(value))
         except ConfigError as e:
@@ -926,7 +935,7 @@ def build_config(raw: dict[str, Any] | None, source: str = "config", yaml_file: 
     try:
         return RunConfig.model_validate(raw or {})
     except ValidationError as err:
-        lines = yaml_key_lines(yaml_file.read_text()) if yaml_file is not None else None
+        lines = config_key_places(yaml_file) if yaml_file is not None else None
         raise ConfigError(_format_errors(err, source, lines)) from None
 
 
@@ -935,7 +944,7 @@ def config_and_problems(raw: dict[str, Any] | None,
     """The config of `raw` and every validation problem (one line each, with its line in `yaml_file`). With
     problems, the config has the fields at fault left at their defaults, so that the checks that come after
     validation still run and report theirs in the same list (None when even that does not validate)."""
-    lines = yaml_key_lines(yaml_file.read_text()) if yaml_file is not None else None
+    lines = config_key_places(yaml_file) if yaml_file is not None else None
     try:
         return RunConfig.model_validate(raw or {}), []
     except ValidationError as err:
@@ -990,11 +999,74 @@ def read_yaml_mapping(path: str | Path, flag: str, examples: str, top: str) -> d
     return loaded or {}
 
 
+def read_run_config(path: str | Path) -> dict[str, Any]:
+    """A run config file as a raw mapping, its `base:` chain resolved: the base file (a path relative to the
+    folder of the file naming it, or absolute; it may name a base of its own) is read first and the file's own
+    keys are merged over it (mappings key by key; lists and values replace). ConfigError, one line naming the
+    file and the fix, for a base that is missing, not a path, or part of a cycle."""
+    return _resolve_bases(Path(path), ())[0]
+
+
+def config_key_places(path: str | Path) -> KeyPlaces:
+    """Where each key of run config file `path` is: its own line, or 'BASE line N' for a key its bases give."""
+    return _resolve_bases(Path(path), ())[1]
+
+
+def _resolve_bases(path: Path, chain: tuple[Path, ...]) -> tuple[dict[str, Any], KeyPlaces]:
+    """`path`'s mapping merged over its bases', and where each key is (see read_run_config); `chain`: the
+    files that named this one as their base, first to last."""
+    raw = read_yaml_mapping(path, "--config", "configs/", "sections (method, data, net, ...)")
+    places: KeyPlaces = dict(yaml_key_lines(path.read_text()))
+    if "base" not in raw:
+        return raw, places
+    base, line = raw.pop("base"), places.pop(("base",), None)
+    at = f"{path} line {line}" if line is not None else str(path)
+    if not isinstance(base, str) or not base.strip():
+        raise ConfigError(f"{at}: base: {base!r} is not a file path; give the YAML file this config starts from, "
+                          "e.g. base: text.yaml")  # fmt: skip
+    target, seen = path.parent / base, (*chain, path)
+    if any(target.resolve() == p.resolve() for p in seen):
+        cycle = " -> ".join(str(p) for p in (*seen, target))
+        raise ConfigError(f"{at}: base: {base} makes a cycle ({cycle}); remove the base: that leads back")
+    if not target.is_file():
+        what = "is a folder, not a file" if target.is_dir() else "no such file"
+        raise ConfigError(f"{at}: base: {target}: {what}; give a YAML file relative to {path.parent} "
+                          "(this file's folder) or an absolute path")  # fmt: skip
+    under, under_places = _resolve_bases(target, seen)
+    kept = {key: f"{target} line {place}" if isinstance(place, int) else place
+            for key, place in under_places.items() if not _replaced_by(raw, key)}  # fmt: skip
+    return merge_mappings(under, raw), {**kept, **places}
+
+
+def merge_mappings(under: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` merged onto a copy of `under`: mappings key by key, anything else (lists, values) replaced."""
+    out = copy.deepcopy(under)
+    for key, value in over.items():
+        mine = out.get(key)
+        out[key] = (
+            merge_mappings(mine, value) if isinstance(value, dict) and isinstance(mine, dict) else copy.deepcopy(value)
+        )
+    return out
+
+
+def _replaced_by(raw: dict[str, Any], key: tuple[str, ...]) -> bool:
+    """Whether `raw` gives `key` or a value (not a mapping) above it, so that a base's `key` is not used."""
+    node: Any = raw
+    for part in key:
+        if not isinstance(node, dict):
+            return True
+        if part not in node:
+            return False
+        node = node[part]
+    return True
+
+
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
-    """Read a YAML file (or nothing: all defaults), apply --set overrides, validate."""
+    """Read a YAML file (or nothing: all defaults) with its `base:` chain (see read_run_config), apply --set
+    overrides, validate."""
     raw: dict[str, Any] = {}
     if path is not None:
-        raw = read_yaml_mapping(path, "--config", "configs/", "sections (method, data, net, ...)")
+        raw = read_run_config(path)
     raw = apply_overrides(raw, overrides or [])
     return build_config(raw, str(path) if path is not None else "defaults", Path(path) if path is not None else None)
 

@@ -25,6 +25,13 @@ trains AL on digits). `--set key=value` overrides any field with YAML syntax (`-
 `--set "grow.schedule=[{kind: layer, epochs: 2}]"`). Examples for every method x dataset are in
 `configs/`. Unknown fields and bad values are refused, one line per problem, naming the field.
 
+A file can start from another (any config file: `--config`, a sweep's `config:`): `base: text.yaml` at its
+top level reads that file first (a path relative to the folder of the file naming it, or absolute; a base
+may have a base of its own), then merges this file over it: sections key by key, while lists and values
+replace. `base` is not a field: it works only in a file (not with `--set`), and the config a run records
+(checkpoints, MLflow, `partition --write`) is the merged one. A problem with a key the base gives names
+the base file and its line.
+
 Generated from `src/growpipe/config.py` by `python -m growpipe.config_reference docs/configuration.md`;
 do not edit by hand.
 """

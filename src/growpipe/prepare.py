@@ -179,7 +179,7 @@ def prepare_run(config: ConfigSource = None, overrides: list[str] | None = None,
 def read_config(config: ConfigSource, overrides: list[str] | None = None) -> tuple[RunConfig | None, list[str]]:
     """The config (`overrides` applied) and its validation problems, one line each (see
     growpipe.config.config_and_problems); a YAML file that cannot be read raises at once."""
-    from growpipe.config import apply_overrides, config_and_problems, read_yaml_mapping
+    from growpipe.config import apply_overrides, config_and_problems, read_run_config
 
     if isinstance(config, RunConfig):
         if not overrides:
@@ -187,7 +187,7 @@ def read_config(config: ConfigSource, overrides: list[str] | None = None) -> tup
         return config_and_problems(apply_overrides(config.model_dump(mode="json"), overrides))
     if config is None or isinstance(config, dict):
         return config_and_problems(apply_overrides(config or {}, overrides or []))
-    raw = read_yaml_mapping(config, "--config", "configs/", "sections (method, data, net, ...)")
+    raw = read_run_config(config)  # with its base: chain
     return config_and_problems(apply_overrides(raw, overrides or []), Path(config))
 
 
