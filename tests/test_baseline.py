@@ -4,6 +4,7 @@ one line when the data is of a kind it cannot handle."""
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
@@ -13,6 +14,7 @@ from growpipe.baseline import (
     LBFGS_FEWEST,
     LBFGS_MOST,
     TEXT_BAR,
+    ClassicalBar,
     classical_bar,
     groups_refusal,
     lbfgs_iterations,
@@ -21,7 +23,7 @@ from growpipe.baseline import (
 from growpipe.cli import main
 from growpipe.data import load_data
 from growpipe.local import train_local
-from growpipe.report import format_report
+from growpipe.report import format_bar, format_report
 from tests.conftest import tiny_config
 
 CHUNKS = {"scheme": "chunks", "count": 2, "base": 1}
@@ -94,6 +96,22 @@ def test_a_run_whose_data_the_bar_cannot_handle_says_so_in_one_line_and_goes_on(
     assert len(said) == 1 and said[0].startswith("baseline skipped: data.feature_groups.scheme=chunks")
     assert "skipped" in result["baseline"] and result["test_accuracy"] is not None
     assert "baseline" not in format_report(result)  # said once, as the run ended
+
+
+def test_a_bar_that_fails_on_its_own_is_one_line_and_the_run_stands(tmp_path: Path):
+    # every word once: TF-IDF's min_df=2 leaves no terms, and scikit-learn raises its own ValueError
+    words = [f"w{i}" for i in range(400)]
+    for split, n in (("train", 40), ("test", 20)):
+        rows = [" ".join(words[(i * 5) % 400 : (i * 5) % 400 + 5]) for i in range(n)]
+        pd.DataFrame({"text": rows, "label": [i % 2 for i in range(n)]}).to_parquet(tmp_path / f"{split}.parquet")
+    cfg = tiny_config(eval={"baseline": True}, data={"name": f"parquet:{tmp_path}", "max_len": 8, "batch_size": 20},
+                      net={"backbone": "embedding", "blocks": 2, "width": 8, "embed_dim": 8})  # fmt: skip
+    said: list[str] = []
+    result = ClassicalBar(cfg, said.append).result_fields()
+    assert said == [format_bar(result["baseline"])] and said[0].startswith(
+        "baseline skipped: the bar failed (ValueError"
+    )
+    assert "\n" not in said[0]
 
 
 def test_growpipe_baseline_prints_the_bar_and_writes_its_json_or_refuses_a_kind_in_one_line(

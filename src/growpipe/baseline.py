@@ -47,6 +47,9 @@ class ClassicalBar(RunCallback):
             bar = classical_bar(self.cfg)
         except GrowpipeError as e:  # e.g. a cluster node without the data: the run's result stands
             bar = {"skipped": str(e).splitlines()[0]}
+        except Exception as e:  # noqa: BLE001 - the bar is an extra: its own failure must not cost the run
+            first = (str(e).splitlines() or [""])[0]
+            bar = {"skipped": f"the bar failed ({type(e).__name__}: {first}); the run's result stands without it"}
         if "skipped" in bar:
             self.say(format_bar(bar))
         return {"baseline": bar}
