@@ -222,3 +222,20 @@ def test_text_feature_growth_on_ray_matches_the_reference(join: str, text_dir: P
     _assert_same_weights(reference.net, net, atol=1e-6)
     family = net.blocks[2].spec.encoder.family
     assert result["blocks"] == 3 and family == ("seqfeature" if join == "sequence" else "feature")
+
+
+def test_a_residual_dense_block_adds_its_input_when_the_sizes_match():
+    from growpipe.config import NetSpec
+    from growpipe.nn.backbones import build_encoder, plan_encoders
+    from growpipe.nn.specs import InputInfo
+
+    info = InputInfo(shape=(12,), dtype="long", num_classes=3, vocab_size=50)
+    plain, residual = (plan_encoders(NetSpec(backbone="embedding", blocks=3, width=8, embed_dim=8, residual=r), info)
+                       for r in (False, True))  # fmt: skip
+    assert "residual" not in plain[1].params and residual[1].params["residual"] is True  # old specs stay as saved
+    enc = build_encoder(residual[1]).eval()
+    x = torch.randn(4, 8)
+    assert torch.allclose(enc(x)[0], x + enc.body(x))
+    wider = build_encoder(plan_encoders(NetSpec(backbone="mlp", blocks=2, width=16, residual=True),
+                                        InputInfo(shape=(5,), dtype="float", num_classes=3))[0])  # fmt: skip
+    assert not wider.residual  # 5 inputs, 16 units: nothing to add

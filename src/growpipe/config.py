@@ -246,6 +246,10 @@ class NetSpec(_Strict):
     lstm_packed: bool = False
     """lstm: run over the padded batch like the seeds (the backward direction starts in the padding; on CPU
     oneDNN's fused kernel, 2-7x faster), or skip the padding (packed sequences, exact per document)."""
+    residual: bool = False
+    """Dense blocks (mlp, and the embedding backbone's blocks after the bag) add their input to their output,
+    x + block(x), when the sizes match: a block can then keep what the one before it separates (under BP the
+    net keeps a linear path from the bag to the classifier)."""
     ff_width: int | None = Field(None, ge=1)
     """transformer: feed-forward width of each layer; default 4 x the model width (the seeds: the width)."""
     word_vectors: str | None = None

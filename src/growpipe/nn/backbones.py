@@ -58,7 +58,10 @@ class Encoder(nn.Module):
 
 
 class MLPEncoder(Encoder):
-    def __init__(self, in_features: int, width: int, layers: int, dropout: float):
+    """(Linear, ReLU, Dropout) x layers over the flattened input; with `residual` (and in_features == width)
+    the input is added to the output."""
+
+    def __init__(self, in_features: int, width: int, layers: int, dropout: float, residual: bool = False):
         super().__init__()
         mods: list[nn.Module] = []
         for i in range(layers):
@@ -66,9 +69,12 @@ class MLPEncoder(Encoder):
             if dropout:
                 mods.append(nn.Dropout(dropout))
         self.body = nn.Sequential(*mods)
+        self.residual = residual and in_features == width
 
     def forward(self, x, mask=None, side=None):
-        return self.body(flat_features(x, mask)), None
+        flat = flat_features(x, mask)
+        out = self.body(flat)
+        return (flat + out if self.residual else out), None
 
 
 class ConvEncoder(Encoder):
@@ -314,7 +320,7 @@ def build_encoder(spec: EncoderSpec, info: InputInfo | None = None) -> Encoder:
     p, shape = spec.params, spec.in_shape
     fam = spec.family
     if fam == "mlp":
-        return MLPEncoder(_flat_size(shape), p["width"], p["layers"], p["dropout"])
+        return MLPEncoder(_flat_size(shape), p["width"], p["layers"], p["dropout"], p.get("residual", False))
     if fam == "conv":
         return ConvEncoder(shape[0], p["channels"], p["layers"], p["pool"], p["dropout"])
     if fam == "resnet":
@@ -410,7 +416,7 @@ def plan_encoders(net: NetSpec, info: InputInfo) -> list[EncoderSpec]:
 def _block_encoder(net: NetSpec, info: InputInfo, i: int, shape, dtype) -> EncoderSpec:
     b, w, drop = net.backbone, net.block_width(i), net.dropout
     if b == "mlp" or (b == "embedding" and i > 0):
-        return EncoderSpec("mlp", shape, dtype, {"width": w, "layers": net.block_layers(i), "dropout": drop})
+        return EncoderSpec("mlp", shape, dtype, mlp_params(net, w, net.block_layers(i)))
     if b == "cnn":
         channels = net.widths[i] if net.widths else min(32 * 2**i, 256)
         pool = min(shape[1], shape[2]) >= 2
@@ -431,6 +437,15 @@ def _block_encoder(net: NetSpec, info: InputInfo, i: int, shape, dtype) -> Encod
                   "pass_state": net.lstm_state, "packed": net.lstm_packed}  # fmt: skip
         return EncoderSpec("lstm", shape, dtype, params)
     return EncoderSpec("transformer", shape, dtype, transformer_params(net, w, net.block_layers(i)))
+
+
+def mlp_params(net: NetSpec, width: int, layers: int) -> dict[str, object]:
+    """What a dense block's spec records: width, layers, dropout, and residual only when set (specs saved
+    before it existed stay as they were)."""
+    params: dict[str, object] = {"width": width, "layers": layers, "dropout": net.dropout}
+    if net.residual:
+        params["residual"] = True
+    return params
 
 
 def transformer_params(net: NetSpec, d_model: int, layers: int) -> dict[str, object]:
@@ -492,4 +507,4 @@ def growth_encoder(
         else:
             params = transformer_params(net, shape[-1], net.layers_per_block)
         return EncoderSpec(fam, shape, "float", params)
-    return EncoderSpec("mlp", shape, "float", {"width": width, "layers": net.layers_per_block, "dropout": net.dropout})
+    return EncoderSpec("mlp", shape, "float", mlp_params(net, width, net.layers_per_block))
