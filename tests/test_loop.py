@@ -305,7 +305,8 @@ class ValEngine(FakeEngine):
 
 
 def test_model_selection_restores_the_best_epoch_since_the_last_growth_and_keeps_its_checkpoint(tmp_path: Path):
-    assert better_epoch(None, {"val_accuracy": 0.1}) and not better_epoch(0.5, {"val_accuracy": 0.5})
+    assert better_epoch(None, {"val_accuracy": 0.1}) and not better_epoch(0.5, {"val_accuracy": 0.4})
+    assert better_epoch(0.5, {"val_accuracy": 0.5})  # a tie: the later epoch
     assert not better_epoch(None, {"val_accuracy": None})
     # epochs 1-4, a growth after epoch 2: epoch 1 (0.9) is the best overall but of the smaller net
     engine = ValEngine([0.9, 0.5, 0.8, 0.6, 0.8])  # 5 evaluations: 4 epochs, then the restored net

@@ -22,7 +22,7 @@ def _cfg(tmp_path: Path, method: str, name: str):
 
 def _assert_selected(result: dict, epoch: int) -> None:
     vals = [h["val_accuracy"] for h in result["history"]]
-    assert result["selected_epoch"] == epoch == vals.index(max(vals)) + 1 < len(vals)
+    assert result["selected_epoch"] == epoch == len(vals) - vals[::-1].index(max(vals)) < len(vals)  # latest best
     row = result["history"][epoch - 1]
     assert result["test_accuracy"] == row["test_accuracy"] and result["exit_accuracy"] == row["exit_accuracy"]
 

@@ -499,8 +499,9 @@ class EvalSpec(_Strict):
     """max_prob: highest softmax probability; entropy: 1 - normalised entropy."""
     restore_best: bool = True
     """Model selection with data.val_fraction: at the end the net goes back to the epoch with the best
-    validation accuracy since the last growth (its checkpoint is kept until then; needs checkpoint.enabled)
-    and the result is that net's (`selected_epoch`); false, or no validation split: the last epoch's net."""
+    validation accuracy since the last growth (the latest of a tie; its checkpoint is kept until then; needs
+    checkpoint.enabled) and the result is that net's (`selected_epoch`); false, or no validation split: the
+    last epoch's net."""
     exit_threshold: float | None = Field(None, ge=0.0, le=1.0)
     """The threshold real early exit runs at when a run ends and in growpipe evaluate (a sample that
     confident leaves, the blocks above never compute it; its measured time per sample is reported beside

@@ -92,7 +92,9 @@ def pack_host(on_no_capacity: str, last_host: int) -> int | None:
 
 
 def better_epoch(best_val: float | None, row: dict[str, Any]) -> bool:
-    """Whether an epoch's row beats the best validation accuracy so far (`best_val`; None: nothing yet, e.g.
-    right after a growth): strictly higher, so among equals the earliest epoch stays selected."""
+    """Whether an epoch's row takes over as the best validation accuracy so far (`best_val`; None: nothing yet,
+    e.g. right after a growth): at least as high, so among equals the latest epoch is selected. A small
+    validation split ties often, and the earliest of a tie was an undertrained net (bench/RESULTS.md, "The
+    text recipe on three text sets")."""
     val = row.get("val_accuracy")
-    return val is not None and (best_val is None or val > best_val)
+    return val is not None and (best_val is None or val >= best_val)
