@@ -949,11 +949,10 @@ def config_and_problems(raw: dict[str, Any] | None,
     """The config of `raw` and every validation problem (one line each, with its line in `yaml_file`). With
     problems, the config has the fields at fault left at their defaults, so that the checks that come after
     validation still run and report theirs in the same list (None when even that does not validate)."""
-    lines = config_key_places(yaml_file) if yaml_file is not None else None
     try:
         return RunConfig.model_validate(raw or {}), []
-    except ValidationError as err:
-        problems = problem_lines(err, lines)
+    except ValidationError as err:  # only now re-read the files for where each key is
+        problems = problem_lines(err, config_key_places(yaml_file) if yaml_file is not None else None)
         partial = copy.deepcopy(raw or {})
         for _ in range(3):  # a default may make a cross-field check fail in turn: drop that field too
             dropped = [_drop(partial, [str(p) for p in e["loc"] if not _is_union_tag(p)]) for e in err.errors()]
