@@ -242,6 +242,27 @@ def test_text_sets_and_text_bar_quick_on_a_tiny_source(tmp_path: Path, text_dir:
     assert not (tmp_path / "ckpt").exists()  # each run's checkpoints removed after it
 
 
+def test_text_ceiling_quick_fits_the_linear_model_and_both_optimizers_on_the_bags_own_rows(
+    tmp_path: Path, text_dir: Path
+):
+    out = tmp_path / "ceiling.json"
+    _run_bench("text_ceiling", ["--quick", "--data", str(text_dir), "--set", "net.embed_dim=8",
+                                "--set", "data.batch_size=8", "--json-out", str(out)])  # fmt: skip
+    rows = json.loads(out.read_text())["rows"]
+    assert [r.get("optimizer") for r in rows] == [None, None, None, "adam", "sgd"]
+    assert all(0 <= r["test_accuracy"] <= 1 for r in rows)
+    for r in rows[3:]:
+        assert r["epochs"] == 2 and len(r["curves"]) == 1 and len(r["curves"][0]) == 2
+        assert r["best_epoch_accuracy"] == max(r["curves"][0])
+
+
+def test_text_ceiling_refuses_a_config_whose_first_block_is_not_a_bag(tmp_path: Path, text_dir: Path, capsys):
+    module = _bench_module("text_ceiling")
+    assert module.main(["--data", str(text_dir), "--set", "net.pooling=mean", "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("text_ceiling.py: the config's block 1 is not a TF-IDF bag") and err.count("\n") == 1
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

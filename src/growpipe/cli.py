@@ -199,8 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "cluster (seconds to shrink and to spread out, samples/s); data: stage 0's reader per format "
                     "against its block, peak RSS against dataset size; text-ablation: the seeds' text settings one "
                     "at a time; text-sets: short-text and binary sets derived from 20 Newsgroups; text-bar: the "
-                    "text recipe's rules against the classical bar per text set; lstm-speed: a BiLSTM step packed "
-                    "vs padded; lstm-pooling: how alike SCPL's BiLSTM "
+                    "text recipe's rules against the classical bar per text set; text-ceiling: a linear model on the "
+                    "net's own text input, and its first block trained with Adam and with SGD; lstm-speed: a "
+                    "BiLSTM step packed vs padded; lstm-pooling: how alike SCPL's BiLSTM "
                     "features end, per pooling; guard: what the divergence guard costs a step; precision: bf16 against "
                     "fp32 (accuracy, seconds/epoch, bytes per hop); scale: 0.1 M-100 M parameters per block x K "
                     "stages (training, evaluation, checkpoint seconds, bytes, peak RSS), the cost model, early exit "
@@ -483,6 +484,7 @@ BENCHES = {
     "reference": "reference.py",
     "text-ablation": "text_ablation.py",
     "text-bar": "text_bar.py",
+    "text-ceiling": "text_ceiling.py",
     "text-sets": "text_sets.py",
 }
 
