@@ -1,6 +1,6 @@
 """Where the text recipe falls short of the bar (issue 28): a linear model on exactly the net's own input, and
-the recipe's first block (the TF-IDF-weighted bag of word embeddings) with a linear classifier on it, trained
-with Adam and with SGD, on the same rows.
+the recipe's first block (the TF-IDF-weighted bag of word embeddings, its dropout and word dropout) with a linear
+classifier on it, trained with Adam and with SGD, on the same rows.
 
     .venv/bin/python bench/text_ceiling.py --data bench/out/text-sets/news-pair --json-out bench/out/ceiling.json
     .venv/bin/python bench/text_ceiling.py --data bench/out/text-sets/news-pair --quick
@@ -8,9 +8,9 @@ with Adam and with SGD, on the same rows.
 The net's input is the run's own: configs/text.yaml's vocabulary, lengths and validation hold-out, read by
 growpipe's loader. The linear model is scikit-learn's logistic regression on the bag's TF-IDF weights (sublinear
 term frequency times the run's IDF, L2-normalised), so it sees what block 1 sees. The bag is growpipe's own
-encoder (net.pooling tfidf, its dropout) with a linear classifier, trained end to end for --epochs with batch
-data.batch_size; per optimizer and seed it reports the last epoch's test accuracy and the best epoch's.
-Prints a Markdown table and writes JSON.
+encoder (net.pooling tfidf, net.dropout, net.word_dropout) with a linear classifier, trained end to end for
+--epochs with batch data.batch_size; per optimizer and seed it reports the last epoch's test accuracy and the
+best epoch's. Prints a Markdown table and writes JSON.
 """
 
 from __future__ import annotations
@@ -65,11 +65,12 @@ def linear_ceiling(xtr: Any, ytr: np.ndarray, xte: Any, yte: np.ndarray, c: floa
 
 
 def train_bag(bundle: Any, cfg: Any, optimizer: str, seed: int, epochs: int) -> list[float]:
-    """growpipe's TF-IDF bag (the config's vocabulary, width and dropout) with a linear classifier, trained end
-    to end with `optimizer`: the test accuracy after each epoch."""
+    """growpipe's TF-IDF bag (the config's vocabulary, width, dropout and word dropout) with a linear classifier,
+    trained end to end with `optimizer`: the test accuracy after each epoch."""
     torch.manual_seed(seed)
     vocab = len(bundle.vocab)
-    bag = EmbeddingEncoder(vocab, cfg.net.embed_dim, 0, cfg.net.dropout, pooling="tfidf")
+    bag = EmbeddingEncoder(vocab, cfg.net.embed_dim, 0, cfg.net.dropout, pooling="tfidf",
+                           word_dropout=cfg.net.word_dropout)  # fmt: skip
     bag.idf.copy_(bundle.vocab.idf()[:vocab])
     model = nn.ModuleDict({"bag": bag, "cls": nn.Linear(cfg.net.embed_dim, bundle.num_classes)})
     lr = OPTIMIZERS[optimizer]

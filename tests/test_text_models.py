@@ -239,3 +239,44 @@ def test_a_residual_dense_block_adds_its_input_when_the_sizes_match():
     wider = build_encoder(plan_encoders(NetSpec(backbone="mlp", blocks=2, width=16, residual=True),
                                         InputInfo(shape=(5,), dtype="float", num_classes=3))[0])  # fmt: skip
     assert not wider.residual  # 5 inputs, 16 units: nothing to add
+
+
+def test_word_dropout_drops_tokens_in_training_only_from_the_blocks_seeded_stream():
+    from growpipe.config import NetSpec
+    from growpipe.nn.backbones import build_encoder, plan_encoders
+    from growpipe.nn.block import block_seed, seeded
+    from growpipe.nn.specs import InputInfo
+
+    info = InputInfo(shape=(40,), dtype="long", num_classes=3, vocab_size=30)
+    plain, dropped = (plan_encoders(NetSpec(backbone="embedding", blocks=2, width=8, embed_dim=8, pooling="tfidf",
+                                            word_dropout=p), info)[0] for p in (0.0, 0.5))  # fmt: skip
+    assert "word_dropout" not in plain.params and dropped.params["word_dropout"] == 0.5  # old specs stay as saved
+    torch.manual_seed(0)
+    enc = build_encoder(dropped)
+    ref = build_encoder(plain)
+    ref.load_state_dict(enc.state_dict())
+    x = torch.randint(1, 30, (16, 40))
+    enc.eval(), ref.eval()
+    assert torch.equal(enc(x)[0], ref(x)[0])  # never at evaluation
+    enc.train(), ref.train()
+    ref.drop = enc.drop = torch.nn.Identity()  # the feature dropout aside: only the words differ
+    with seeded(block_seed(0, 0, 3)):
+        first = enc(x)[0]
+    with seeded(block_seed(0, 0, 3)):
+        again = enc(x)[0]
+    assert torch.equal(first, again) and not torch.allclose(first, ref(x)[0])
+    # what was dropped is what a document without those words gives
+    with seeded(block_seed(0, 0, 3)):
+        kept = x.masked_fill(torch.rand(x.shape) < 0.5, 0)
+    assert torch.allclose(first, ref(kept)[0], atol=1e-6)
+
+
+def test_word_dropout_outside_the_bag_is_refused_in_one_line():
+    from growpipe.config import load_config
+    from growpipe.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["net.backbone=transformer", "net.word_dropout=0.3"])
+    msg = str(e.value)
+    assert "net.word_dropout: dropped words are read as padding by the bag of the embedding backbone only" in msg
+    assert msg.rstrip().endswith("set net.word_dropout: 0") and msg.count("\n") <= 1

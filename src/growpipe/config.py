@@ -246,6 +246,10 @@ class NetSpec(_Strict):
     lstm_packed: bool = False
     """lstm: run over the padded batch like the seeds (the backward direction starts in the padding; on CPU
     oneDNN's fused kernel, 2-7x faster), or skip the padding (packed sequences, exact per document)."""
+    word_dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """embedding backbone: in training, each token of a document is dropped (read as padding) with this
+    probability before block 1 embeds it, so no block can lean on a single word (Iyyer et al. 2015's deep
+    averaging networks); never at evaluation. Drawn from block 1's seeded stream, as its dropout is."""
     residual: bool = False
     """Dense blocks (mlp, and the embedding backbone's blocks after the bag) add their input to their output,
     x + block(x), when the sizes match: a block can then keep what the one before it separates (under BP the
@@ -743,6 +747,9 @@ class RunConfig(_Strict):
         if self.data.ngrams > 1 and self.net.backbone != "embedding":
             raise ValueError(f"data.ngrams: word pairs make a bag of terms, which only net.backbone embedding reads "
                              f"(this net is {self.net.backbone}); set data.ngrams: 1")  # fmt: skip
+        if self.net.word_dropout and self.net.backbone != "embedding":
+            raise ValueError(f"net.word_dropout: dropped words are read as padding by the bag of the embedding "
+                             f"backbone only (this net is {self.net.backbone}); set net.word_dropout: 0")  # fmt: skip
         if self.data.augment and self.data.feature_groups.scheme != "none":
             raise ValueError("data.augment: crops and flips would move pixels across data.feature_groups; choose one")
         if self.data.augment and self.grow.freeze and self.grow.cache.enabled and self.max_blocks() > self.net.blocks:

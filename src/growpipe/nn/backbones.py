@@ -135,12 +135,15 @@ class EmbeddingEncoder(Encoder):
 
     With pooling="tfidf" it returns one vector per document instead: the token embeddings weighted by
     sublinear term frequency times inverse document frequency, L2-normalised over the document's words,
-    i.e. a learned linear map of the document's TF-IDF vector.
+    i.e. a learned linear map of the document's TF-IDF vector. With `word_dropout` p, training drops each
+    token (reads it as padding) with probability p first.
     """
 
     def __init__(self, vocab: int, dim: int, positions: int, dropout: float, pooling: str = "none",
-                 init_std: float = 1.0, vectors: torch.Tensor | None = None, freeze: bool = False):  # fmt: skip
+                 init_std: float = 1.0, vectors: torch.Tensor | None = None, freeze: bool = False,
+                 word_dropout: float = 0.0):  # fmt: skip
         super().__init__()
+        self.word_dropout = word_dropout
         self.embed = nn.Embedding(vocab, dim, padding_idx=0)
         self.pos = nn.Embedding(positions, dim) if positions else None
         self.drop = nn.Dropout(dropout) if dropout else nn.Identity()
@@ -161,6 +164,8 @@ class EmbeddingEncoder(Encoder):
         self.embed.weight.requires_grad_(not freeze)
 
     def forward(self, x, mask=None, side=None):
+        if self.training and self.word_dropout:
+            x = x.masked_fill(torch.rand(x.shape, device=x.device) < self.word_dropout, 0)
         if self.pooling == "tfidf":
             return self.drop(self._tfidf_bag(x)), None
         mask = x != 0
@@ -328,7 +333,8 @@ def build_encoder(spec: EncoderSpec, info: InputInfo | None = None) -> Encoder:
     if fam == "embedding":
         vectors = info.word_vectors if info is not None else None
         enc = EmbeddingEncoder(p["vocab"], p["dim"], p["positions"], p["dropout"], p.get("pooling", "none"),
-                               p.get("init_std", 1.0), vectors, p.get("freeze", False))  # fmt: skip
+                               p.get("init_std", 1.0), vectors, p.get("freeze", False),
+                               p.get("word_dropout", 0.0))  # fmt: skip
         if enc.pooling == "tfidf" and info is not None and info.idf is not None:
             enc.idf.copy_(info.idf[: p["vocab"]])
         return enc
@@ -431,6 +437,8 @@ def _block_encoder(net: NetSpec, info: InputInfo, i: int, shape, dtype) -> Encod
         pooling = "tfidf" if b == "embedding" and net.pooling == "tfidf" else "none"
         params = {"vocab": info.vocab_size, "dim": net.embed_dim, "positions": positions, "dropout": drop,
                   "pooling": pooling, "init_std": net.embed_init_std, "freeze": net.freeze_embeddings}  # fmt: skip
+        if net.word_dropout:  # only when set: specs saved before it existed stay as they were
+            params["word_dropout"] = net.word_dropout
         return EncoderSpec("embedding", shape, dtype, params)
     if b == "lstm":
         params = {"hidden": w, "layers": net.block_layers(i), "dropout": drop, "pooling": net.lstm_pooling,
