@@ -10,7 +10,7 @@ growpipe's loader. The linear model is scikit-learn's logistic regression on the
 term frequency times the run's IDF, L2-normalised), so it sees what block 1 sees. The bag is growpipe's own
 encoder (net.pooling tfidf, net.dropout, net.word_dropout) with a linear classifier, trained end to end for
 --epochs with batch data.batch_size; per optimizer and seed it reports the last epoch's test accuracy and the
-best epoch's. Prints a Markdown table and writes JSON.
+best epoch's (picked on the test set: a ceiling, not a result). Prints a Markdown table and writes JSON.
 """
 
 from __future__ import annotations
@@ -92,23 +92,35 @@ def train_bag(bundle: Any, cfg: Any, optimizer: str, seed: int, epochs: int) -> 
     return accuracies
 
 
+def positive(text: str) -> int:
+    """argparse type: an integer of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is below 1")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", default="bench/out/text-sets/news-pair",
-                    help="20newsgroups or a directory with train.parquet and test.parquet")  # fmt: skip
+    ap.add_argument("--data", default=str(REPO / "bench" / "out" / "text-sets" / "news-pair"),
+                    help="20newsgroups or a directory with train.parquet and test.parquet (the default: news-pair, "
+                         "written by bench/text_sets.py)")  # fmt: skip
     ap.add_argument("--config", default=str(REPO / "configs" / "text.yaml"))
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="config override (as growpipe train --set)")  # fmt: skip
     ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds of the bag's runs")
-    ap.add_argument("--epochs", type=int, default=16)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument("--epochs", type=positive, default=16)
+    ap.add_argument("--threads", type=positive, default=1, help="torch threads")
     ap.add_argument("--quick", action="store_true", help=f"a smoke run: {' '.join(QUICK)}, 2 epochs, one seed")
     ap.add_argument("--json-out", metavar="FILE", help="write the rows as JSON")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     data = args.data if args.data == "20newsgroups" else f"parquet:{Path(args.data).resolve()}"
     overrides = [f"data.name={data}", *(QUICK if args.quick else ()), *args.overrides]
-    seeds = [0] if args.quick else [int(s) for s in args.seeds.split(",")]
+    try:
+        seeds = [0] if args.quick else [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        ap.error(f"--seeds: {args.seeds!r} is not comma-separated integers; give e.g. 0,1,2")
     epochs = 2 if args.quick else args.epochs
     try:
         cfg = load_config(args.config, overrides)
@@ -140,7 +152,15 @@ def main(argv: list[str] | None = None) -> int:
                      "curves": [[round(a, 4) for a in c] for c in curves]})  # fmt: skip
         print(f"| {model} | {last:.4f} | {best:.4f} | {time.perf_counter() - start:.1f} |", flush=True)
     if args.json_out:
-        atomic_write_json(args.json_out, {"set": args.data, "overrides": overrides, "rows": rows})
+        settings = {
+            "config": str(args.config),
+            "overrides": overrides,
+            "word_dropout": cfg.net.word_dropout,
+            "dropout": cfg.net.dropout,
+            "embed_dim": cfg.net.embed_dim,
+            "batch_size": cfg.data.batch_size,
+        }
+        atomic_write_json(args.json_out, {"set": args.data, "settings": settings, "rows": rows})
         print(f"\nJSON: {args.json_out}")
     return 0
 

@@ -248,7 +248,9 @@ def test_text_ceiling_quick_fits_the_linear_model_and_both_optimizers_on_the_bag
     out = tmp_path / "ceiling.json"
     _run_bench("text_ceiling", ["--quick", "--data", str(text_dir), "--set", "net.embed_dim=8",
                                 "--set", "data.batch_size=8", "--json-out", str(out)])  # fmt: skip
-    rows = json.loads(out.read_text())["rows"]
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    assert result["settings"]["word_dropout"] == 0.5 and result["settings"]["embed_dim"] == 8  # text.yaml's, and --set
     assert [r.get("optimizer") for r in rows] == [None, None, None, "adam", "sgd"]
     assert all(0 <= r["test_accuracy"] <= 1 for r in rows)
     for r in rows[3:]:
@@ -261,6 +263,10 @@ def test_text_ceiling_refuses_a_config_whose_first_block_is_not_a_bag(tmp_path: 
     assert module.main(["--data", str(text_dir), "--set", "net.pooling=mean", "--quick"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("text_ceiling.py: the config's block 1 is not a TF-IDF bag") and err.count("\n") == 1
+    for argv in (["--epochs", "0"], ["--seeds", "a,b"]):
+        with pytest.raises(SystemExit) as e:
+            module.main(["--data", str(text_dir), *argv])
+        assert e.value.code == 2
 
 
 @pytest.mark.parametrize(

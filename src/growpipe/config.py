@@ -748,8 +748,9 @@ class RunConfig(_Strict):
             raise ValueError(f"data.ngrams: word pairs make a bag of terms, which only net.backbone embedding reads "
                              f"(this net is {self.net.backbone}); set data.ngrams: 1")  # fmt: skip
         if self.net.word_dropout and self.net.backbone != "embedding":
-            raise ValueError(f"net.word_dropout: dropped words are read as padding by the bag of the embedding "
-                             f"backbone only (this net is {self.net.backbone}); set net.word_dropout: 0")  # fmt: skip
+            raise ValueError(f"net.word_dropout: supported for the embedding backbone's bag only (an LSTM's packed "
+                             f"lengths would cut at a dropped word; this net is {self.net.backbone}); set "
+                             f"net.word_dropout: 0")  # fmt: skip
         if self.data.augment and self.data.feature_groups.scheme != "none":
             raise ValueError("data.augment: crops and flips would move pixels across data.feature_groups; choose one")
         if self.data.augment and self.grow.freeze and self.grow.cache.enabled and self.max_blocks() > self.net.blocks:
