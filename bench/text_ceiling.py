@@ -33,27 +33,20 @@ from growpipe.config import load_config  # noqa: E402
 from growpipe.data import load_data  # noqa: E402
 from growpipe.errors import GrowpipeError  # noqa: E402
 from growpipe.fsutil import atomic_write_json  # noqa: E402
-from growpipe.nn.backbones import EmbeddingEncoder  # noqa: E402
+from growpipe.nn.backbones import EmbeddingEncoder, tfidf_weights  # noqa: E402
 
 OPTIMIZERS = {"adam": 1e-3, "sgd": 0.05}  # the recipe's Adam; SGD (momentum 0.9) at the rate that suited it
 C_VALUES = (1.0, 10.0, 100.0)
 QUICK = ("data.limit_train=300", "data.limit_test=200")
 
 
-def tfidf_rows(ids: torch.Tensor, idf: np.ndarray) -> Any:
-    """The bag's weights per document as a scipy CSR matrix: (1 + log tf) * idf over each document's distinct
-    terms (padding left out), L2-normalised, as EmbeddingEncoder's tfidf pooling weights its embeddings."""
+def tfidf_rows(ids: torch.Tensor, idf: torch.Tensor, chunk: int = 512) -> Any:
+    """The bag's weights per document (growpipe.nn.backbones.tfidf_weights, what EmbeddingEncoder's tfidf
+    pooling weights its embeddings by) as a scipy CSR matrix, `chunk` documents at a time."""
     import scipy.sparse as sp
 
-    rows, cols, vals = [], [], []
-    for i, doc in enumerate(ids.numpy()):
-        terms, counts = np.unique(doc[doc > 0], return_counts=True)
-        w = (1.0 + np.log(counts)) * idf[terms]
-        norm = np.linalg.norm(w)
-        rows += [i] * len(terms)
-        cols += terms.tolist()
-        vals += (w / norm if norm > 0 else w).tolist()
-    return sp.csr_matrix((vals, (rows, cols)), shape=(len(ids), len(idf)), dtype=np.float32)
+    parts = [sp.csr_matrix(tfidf_weights(part, idf)[0].numpy()) for part in ids.split(chunk)]
+    return sp.vstack(parts, format="csr")
 
 
 def linear_ceiling(xtr: Any, ytr: np.ndarray, xte: Any, yte: np.ndarray, c: float) -> float:
@@ -132,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"text_ceiling.py: {e}", file=sys.stderr)
         return 2
     ytr, yte = bundle.train.y.numpy(), bundle.test.y.numpy()
-    xtr, xte = (tfidf_rows(s.x, bundle.vocab.idf().numpy()) for s in (bundle.train, bundle.test))
+    xtr, xte = (tfidf_rows(s.x, bundle.vocab.idf()) for s in (bundle.train, bundle.test))
     rows: list[dict[str, Any]] = []
     print(f"{args.data}: {len(ytr)} training rows, {len(yte)} test rows, {len(bundle.vocab)} terms\n")
     print("| model | test acc (last epoch) | best epoch's | seconds |\n| --- | --- | --- | --- |")

@@ -175,13 +175,20 @@ class EmbeddingEncoder(Encoder):
         return self.drop(s), mask
 
     def _tfidf_bag(self, x: torch.Tensor) -> torch.Tensor:
-        tf = torch.zeros(x.shape[0], self.embed.num_embeddings, device=x.device)
-        tf.scatter_add_(1, x, torch.ones_like(x, dtype=tf.dtype))
-        tf[:, 0] = 0.0  # padding
-        weight = torch.where(tf > 0, (1.0 + tf.clamp_min(1.0).log()) * self.idf, torch.zeros_like(tf))
-        weight = weight / weight.norm(dim=1, keepdim=True).clamp_min(1e-12)
+        weight, tf = tfidf_weights(x, self.idf)
         per_token = (weight / tf.clamp_min(1.0)).gather(1, x)  # each occurrence carries 1/tf of its word
         return F.embedding_bag(x, self.embed.weight, per_sample_weights=per_token, mode="sum")
+
+
+def tfidf_weights(x: torch.Tensor, idf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each document's TF-IDF vector over the vocabulary, the weights the tfidf bag gives its words: sublinear
+    term frequency (1 + log tf) times `idf`, padding (id 0) left out, L2-normalised; and the term counts tf.
+    Both (B, vocab) from token ids (B, T)."""
+    tf = torch.zeros(x.shape[0], idf.shape[0], device=x.device)
+    tf.scatter_add_(1, x, torch.ones_like(x, dtype=tf.dtype))
+    tf[:, 0] = 0.0  # padding
+    weight = torch.where(tf > 0, (1.0 + tf.clamp_min(1.0).log()) * idf, torch.zeros_like(tf))
+    return weight / weight.norm(dim=1, keepdim=True).clamp_min(1e-12), tf
 
 
 class LSTMEncoder(Encoder):
