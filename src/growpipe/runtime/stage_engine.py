@@ -29,8 +29,10 @@ class Slot:
     """A block's place: the actor that runs it, the placement-group bundle that actor holds, its spec, and
     its home: the bundle its own actor uses when the cluster has room (kept while it runs packed)."""
 
-    def __init__(self, handle: Any, pg: Any, owns_pg: bool, bundle: int = 0, host: int | None = None):
+    def __init__(self, handle: Any, pg: Any, owns_pg: bool, bundle: int = 0, host: int | None = None,
+                 actor_name: str | None = None):  # fmt: skip
         self.handle = handle
+        self.actor_name = actor_name  # the named actor of its own (None when packed into another's)
         self.pg = pg
         self.owns_pg = owns_pg
         self.bundle = bundle
@@ -105,8 +107,9 @@ class StageEngine:
         groups = getattr(self.actor_class, "CONCURRENCY_GROUPS", None)
         remote = {**({"concurrency_groups": dict(groups)} if groups else {}), **actor_options(self.cfg)}
         actor = ray.remote(**remote)(self.actor_class) if remote else ray.remote(self.actor_class)
-        opts = in_bundle(actor, self.cfg, pg, bundle_index, name=f"{self.run_name}/stage{index}", max_concurrency=1)
-        return Slot(opts.remote(index, self.cfg), pg, owns_pg, bundle_index)
+        name = f"{self.run_name}/stage{index}"
+        opts = in_bundle(actor, self.cfg, pg, bundle_index, name=name, max_concurrency=1)
+        return Slot(opts.remote(index, self.cfg), pg, owns_pg, bundle_index, actor_name=name)
 
     def _resources_text(self) -> str:
         b = stage_bundle(self.cfg, ray.cluster_resources().get("GPU", 0) > 0)
@@ -118,9 +121,7 @@ class StageEngine:
             if slot.host is None:
                 with contextlib.suppress(Exception):  # already dead
                     ray.kill(slot.handle, no_restart=True)
-        for slot in self.slots:
-            if slot.host is None:
-                _wait_name_free(f"{self.run_name}/stage{slot.index}")
+        _wait_names_free([s.actor_name for s in self.slots if s.host is None])
 
     def discard_block(self, block: Prepared) -> None:
         self._discard(block.handle)
@@ -248,9 +249,13 @@ class StageEngine:
 
     def stop(self) -> None:
         """Kill every stage actor and release every placement group (they outlive the actor that made them)."""
-        for slot in [*self.slots, *self._early.values()]:
+        killed = [*self.slots, *self._early.values()]
+        for slot in killed:
             with contextlib.suppress(Exception):  # already dead
                 ray.kill(slot.handle, no_restart=True)
+        # ray.kill only asks: a driver that shuts its embedded Ray down next must not take the GCS away from
+        # workers still dying (their core worker can abort then, and its dump reaches the driver's output)
+        _wait_names_free([s.actor_name for s in killed if s.host is None], timeout_s=10.0)
         owned = {id(s.home[0]): s.home[0] for s in self.slots if s.home and s.home[2]}
         owned.update({id(s.pg): s.pg for s in self.slots if s.owns_pg})
         for pg in [*owned.values()] + ([self._shared_pg] if self._shared_pg else []):
@@ -314,12 +319,13 @@ def ray_error(e: BaseException) -> BaseException:
     return cause if isinstance(cause, Exception) else e
 
 
-def _wait_name_free(name: str, timeout_s: float = 30.0) -> None:
-    """Wait until a killed actor's name can be taken again."""
+def _wait_names_free(names: list[str | None], timeout_s: float = 30.0) -> None:
+    """Wait (up to `timeout_s` in all) until killed actors' names can be taken again: the actors are dead."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            ray.get_actor(name, namespace=NAMESPACE)
-        except ValueError:
-            return
-        time.sleep(0.1)
+    for name in filter(None, names):
+        while time.monotonic() < deadline:
+            try:
+                ray.get_actor(name, namespace=NAMESPACE)
+            except ValueError:
+                break
+            time.sleep(0.1)
