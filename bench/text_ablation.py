@@ -7,7 +7,8 @@ overrides win, so each variant states every setting it depends on.
     .venv/bin/python bench/text_ablation.py --runs shipped/bp,seeds/scpl   # just these (variant/method)
     .venv/bin/python bench/text_ablation.py --quick        # 640 documents, 2 epochs: a smoke run
 
-Prints a Markdown table (accuracy of the full path and of every exit, seconds) and writes JSON.
+Prints a Markdown table (accuracy of the full path and of every exit, seconds) and writes JSON (with each
+run's per-epoch test accuracy, full path and every exit).
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ from growpipe.fsutil import atomic_write_json  # noqa: E402
 from growpipe.local import train_local  # noqa: E402
 
 # Before issue 18: N(0, 1) token and position vectors, no final LayerNorm, feed-forward 4 x 64, an MLP
-# projector and a linear classifier. Each variant changes that starting point; "now" is what the suite
-# runs today (growpipe's defaults plus the suite's overrides in bench/compare.py): the seeds' heads and
-# feed-forward width, embeddings at std 0.02, learned positions, no final LayerNorm.
+# projector and a linear classifier (and no input LayerNorm, which came with issue 28). Each variant changes
+# that starting point; "now" is what the suite runs today (growpipe's defaults plus the suite's overrides in
+# bench/compare.py): the seeds' heads and feed-forward width, embeddings at std 0.02, learned positions, no
+# final LayerNorm, a LayerNorm on each transformer block's input.
 BEFORE = ("net.embed_init_std=1.0", "net.positions=learned", "net.final_norm=false", "net.ff_width=256",
-          "scpl.projector=mlp", "scpl.classifier=linear")  # fmt: skip
+          "scpl.projector=mlp", "scpl.classifier=linear", "net.input_norm=false")  # fmt: skip
 SEEDS = ("scpl.projector=identity", "net.positions=none", "net.final_norm=true", "net.ff_width=64",
          "scpl.classifier=mlp")  # fmt: skip
 VARIANTS: dict[str, tuple[str, ...]] = {
@@ -56,8 +58,10 @@ def run(method: str, k: int, overrides: list[str]) -> dict:
                       [*overrides, f"net.blocks={k}", "tracking.mlflow=false", "checkpoint.enabled=false"])  # fmt: skip
     start = time.perf_counter()
     s = train_local(cfg, progress=None).summary()
+    curve = [{"epoch": i + 1, "test_accuracy": h["test_accuracy"], "exit_accuracy": h["exit_accuracy"]}
+             for i, h in enumerate(s["history"])]  # fmt: skip
     return {"test_accuracy": s["test_accuracy"], "exit_accuracy": s["exit_accuracy"],
-            "seconds": round(time.perf_counter() - start, 1)}  # fmt: skip
+            "seconds": round(time.perf_counter() - start, 1), "history": curve}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

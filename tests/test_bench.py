@@ -45,6 +45,7 @@ def test_text_ablation_quick_runs_a_variant(tmp_path: Path):
                                  "--set", "train.epochs=1", "--json-out", str(out)])  # fmt: skip
     (row,) = json.loads(out.read_text())["rows"]
     assert row["variant"] == "seeds" and "net.final_norm=true" in row["overrides"] and 0 <= row["test_accuracy"] <= 1
+    assert [h["epoch"] for h in row["history"]] == [1] and row["history"][0]["test_accuracy"] == row["test_accuracy"]
 
 
 def test_lstm_speed_quick_times_packed_and_padded(tmp_path: Path, text_dir: Path):

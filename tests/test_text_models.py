@@ -280,3 +280,22 @@ def test_word_dropout_outside_the_bag_is_refused_in_one_line():
     msg = str(e.value)
     assert "net.word_dropout: supported for the embedding backbone's bag only" in msg and "transformer" in msg
     assert msg.rstrip().endswith("set net.word_dropout: 0") and msg.count("\n") <= 1
+
+
+def test_transformer_blocks_start_with_a_layernorm_and_old_specs_build_without_one():
+    """net.input_norm (default on): a transformer block reads its input at unit scale, so the block's output is
+    the same for the input scaled 100x; a spec saved before the field existed builds the block as it was."""
+    from growpipe.config import NetSpec
+    from growpipe.nn.backbones import EncoderSpec, build_encoder, transformer_params
+
+    params = transformer_params(NetSpec(backbone="transformer", width=8, heads=2), 8, 1)
+    assert params["input_norm"] is True
+    assert "input_norm" not in transformer_params(NetSpec(backbone="transformer", width=8, heads=2,
+                                                          input_norm=False), 8, 1)  # fmt: skip
+    torch.manual_seed(0)
+    enc = build_encoder(EncoderSpec("transformer", (6, 8), "float", params), None).eval()
+    x, mask = torch.randn(3, 6, 8), torch.ones(3, 6, dtype=torch.bool)
+    assert torch.allclose(enc(x, mask)[0], enc(100 * x, mask)[0], atol=1e-4)
+    old = {k: v for k, v in params.items() if k != "input_norm"}
+    assert isinstance(build_encoder(EncoderSpec("transformer", (6, 8), "float", old), None).in_norm,
+                      torch.nn.Identity)  # fmt: skip

@@ -244,11 +244,13 @@ class LSTMEncoder(Encoder):
 
 
 class TransformerEncoder(Encoder):
-    """One or more transformer encoder layers over (B, T, D), padding masked out."""
+    """One or more transformer encoder layers over (B, T, D), padding masked out; with `input_norm` a
+    LayerNorm over the input first."""
 
     def __init__(self, in_features: int, d_model: int, heads: int, layers: int, dropout: float,
-                 ff_width: int | None = None, final_norm: bool = False):  # fmt: skip
+                 ff_width: int | None = None, final_norm: bool = False, input_norm: bool = False):  # fmt: skip
         super().__init__()
+        self.in_norm = nn.LayerNorm(in_features) if input_norm else nn.Identity()
         self.proj = nn.Linear(in_features, d_model) if in_features != d_model else nn.Identity()
         ff = ff_width or 4 * d_model
         self.layers = nn.ModuleList(
@@ -258,7 +260,7 @@ class TransformerEncoder(Encoder):
         self.norm = nn.LayerNorm(d_model) if final_norm else nn.Identity()
 
     def forward(self, x, mask=None, side=None):
-        s = self.proj(x)
+        s = self.proj(self.in_norm(x))
         pad = None if mask is None else ~mask
         for layer in self.layers:
             s = layer(s, src_key_padding_mask=pad)
@@ -350,7 +352,7 @@ def build_encoder(spec: EncoderSpec, info: InputInfo | None = None) -> Encoder:
                            p.get("pass_state", False), p.get("packed", True))  # fmt: skip
     if fam == "transformer":
         return TransformerEncoder(shape[-1], p["d_model"], p["heads"], p["layers"], p["dropout"], p.get("ff_width"),
-                                  p.get("final_norm", False))  # fmt: skip
+                                  p.get("final_norm", False), p.get("input_norm", False))  # fmt: skip
     if fam == "seqfeature":
         inner = EncoderSpec(p["inner"], shape, "float", p["body"])
         return SequenceFeatureEncoder(shape[-1], p["group"], p["vocab"], p["dim"], p["init_std"],
@@ -464,9 +466,13 @@ def mlp_params(net: NetSpec, width: int, layers: int) -> dict[str, object]:
 
 
 def transformer_params(net: NetSpec, d_model: int, layers: int) -> dict[str, object]:
-    """What a transformer block's spec records: model width, heads, layers, dropout, ff width, final norm."""
-    return {"d_model": d_model, "heads": net.heads, "layers": layers, "dropout": net.dropout,
-            "ff_width": net.ff_width, "final_norm": net.final_norm}  # fmt: skip
+    """What a transformer block's spec records: model width, heads, layers, dropout, ff width, final norm, and
+    input norm only when set (specs saved before it existed stay as they were)."""
+    params: dict[str, object] = {"d_model": d_model, "heads": net.heads, "layers": layers, "dropout": net.dropout,
+                                 "ff_width": net.ff_width, "final_norm": net.final_norm}  # fmt: skip
+    if net.input_norm:
+        params["input_norm"] = True
+    return params
 
 
 def _sequence_feature_encoder(net: NetSpec, shape: tuple[int, ...], step: GrowStep, side_dtype: str, width: int,
