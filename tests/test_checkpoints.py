@@ -76,6 +76,25 @@ def test_resume_refuses_a_config_that_does_not_match_naming_the_field(tmp_path: 
     ]
 
 
+def test_a_checkpoint_older_than_a_config_field_resumes_as_it_ran(tmp_path: Path):
+    """A saved config without fields added since (net.input_norm, whose default changes the blocks; data.min_count,
+    whose default does not) resumes: the first keeps the value the run had, the second takes its default."""
+    from growpipe.config import RunConfig, dump_config
+
+    saved = RunConfig(name="old").model_dump(mode="json")
+    del saved["net"]["input_norm"], saved["data"]["min_count"]
+    store = CheckpointStore(str(tmp_path), "old")
+    _write(store, 1, 0, 1, 1.0, config=saved)
+    common = [f"checkpoint.uri={tmp_path}"]
+    cfg, ref = plan_resume(None, common, "old")
+    assert ref is not None and cfg.net.input_norm is False and cfg.data.min_count == 1
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text(dump_config(RunConfig(name="old")))
+    with pytest.raises(CheckpointError, match=r"net.input_norm: checkpoint has False, this run has True"):
+        plan_resume(str(cfg_file), common, "old")
+    assert plan_resume(str(cfg_file), [*common, "net.input_norm=false"], "old")[0].net.input_norm is False
+
+
 def test_process_killed_while_writing_a_checkpoint_leaves_the_previous_one_loadable(tmp_path: Path):
     """A real process writes checkpoint 1, then dies (SIGKILL) halfway through checkpoint 2's manifest."""
     script = textwrap.dedent(

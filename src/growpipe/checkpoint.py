@@ -280,7 +280,25 @@ def _read_manifest(filesystem: Any, path: str) -> dict[str, Any]:
             f"checkpoint {path}: format {manifest.get('format_version')}, this growpipe reads {FORMAT_VERSION} "
             "(written by another growpipe version: evaluate it with that version or train again)"
         )
+    if isinstance(manifest.get("config"), dict):
+        manifest["config"] = with_fields_added_since(manifest["config"])
     return manifest
+
+
+FIELDS_ADDED_SINCE: dict[str, Any] = {"net.input_norm": False, "eval.restore_best": False}
+"""Config fields added after checkpoints were first written whose default changes what a run does, with the
+value that keeps a checkpoint written before them as it was (e.g. blocks grown after a resume have no input
+LayerNorm, like the blocks restored). Other fields a checkpoint predates take their defaults."""
+
+
+def with_fields_added_since(config: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's saved config with FIELDS_ADDED_SINCE filled in where it predates them."""
+    out = dict(config)
+    for dotted, value in FIELDS_ADDED_SINCE.items():
+        section, key = dotted.split(".")
+        if isinstance(out.get(section), dict) and key not in out[section]:
+            out[section] = {**out[section], key: value}
+    return out
 
 
 def open_checkpoint(path: str | Path) -> tuple[CheckpointStore, str, dict[str, Any]]:
@@ -316,7 +334,9 @@ def check_input_matches(saved: dict[str, Any], found: dict[str, Any]) -> None:
 
 
 def config_differences(saved: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:
-    """Dotted config fields whose values differ, other than those a resumed run may change."""
+    """Dotted config fields whose values differ, other than those a resumed run may change. A field the saved
+    config predates (absent from it) counts as its value in `current` only through with_fields_added_since or
+    its default: compare against build_config(saved).model_dump(mode="json")."""
     out = []
     for key in sorted(set(saved) | set(current)):
         dotted = f"{prefix}{key}"

@@ -235,9 +235,9 @@ class NetSpec(_Strict):
     """transformer: each block ends with a LayerNorm over its output, as the seeds' transformer does."""
     input_norm: bool = True
     """transformer: each block starts with a LayerNorm over its input. Block 1 hands on token embeddings at
-    embed_init_std's small scale; without it they are drowned in the block's own residual stream, and under a
-    local rule the block ends below what it was given (20 Newsgroups transformer, SCPL at K = 2: 0.755 vs
-    0.744). Specs saved before it existed load without it."""
+    embed_init_std's small scale, which the block's own residual stream drowns without it (20 Newsgroups
+    transformer, K = 2, 12 epochs, 3 seeds, with against without: BP 0.780 vs 0.765, SCPL 0.755 vs 0.744).
+    Checkpoints saved before it existed load and resume without it."""
     lstm_pooling: Literal["mean", "last"] = "mean"
     """lstm: what a block's local heads see: the masked mean of its outputs, or its final hidden state
     averaged over the two directions (the seeds)."""

@@ -35,7 +35,7 @@ def plan_resume(config: str | None, overrides: list[str], resume: str) -> tuple[
             "check the run name and checkpoint.uri (or use --resume auto to start fresh)"
         )
     manifest = store.read_manifest(ref)
-    saved = manifest["config"]
+    saved = build_config(manifest["config"], f"{ref.path}/manifest.json").model_dump(mode="json")  # with defaults
     cfg = given if config else build_config(apply_overrides(saved, overrides), f"{ref.path}/manifest.json + --set")
     diff = config_differences(saved, cfg.model_dump(mode="json"))
     if diff:
