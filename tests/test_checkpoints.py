@@ -77,22 +77,28 @@ def test_resume_refuses_a_config_that_does_not_match_naming_the_field(tmp_path: 
 
 
 def test_a_checkpoint_older_than_a_config_field_resumes_as_it_ran(tmp_path: Path):
-    """A saved config without fields added since (net.input_norm, whose default changes the blocks; data.min_count,
-    whose default does not) resumes: the first keeps the value the run had, the second takes its default."""
+    """A saved config without fields added since (net.input_norm, whose default changes a transformer's blocks;
+    data.min_count, whose default changes nothing) resumes: the first keeps the value the run had where it
+    matters, the second takes its default."""
     from growpipe.config import RunConfig, dump_config
 
-    saved = RunConfig(name="old").model_dump(mode="json")
-    del saved["net"]["input_norm"], saved["data"]["min_count"]
-    store = CheckpointStore(str(tmp_path), "old")
-    _write(store, 1, 0, 1, 1.0, config=saved)
     common = [f"checkpoint.uri={tmp_path}"]
-    cfg, ref = plan_resume(None, common, "old")
-    assert ref is not None and cfg.net.input_norm is False and cfg.data.min_count == 1
-    cfg_file = tmp_path / "c.yaml"
-    cfg_file.write_text(dump_config(RunConfig(name="old")))
-    with pytest.raises(CheckpointError, match=r"net.input_norm: checkpoint has False, this run has True"):
-        plan_resume(str(cfg_file), common, "old")
-    assert plan_resume(str(cfg_file), [*common, "net.input_norm=false"], "old")[0].net.input_norm is False
+    for name, net in (("tf", {"backbone": "transformer", "width": 8, "heads": 2}), ("dense", {})):
+        config = RunConfig.model_validate({"name": name, "net": net})
+        saved = config.model_dump(mode="json")
+        del saved["net"]["input_norm"], saved["data"]["min_count"]
+        _write(CheckpointStore(str(tmp_path), name), 1, 0, 1, 1.0, config=saved)
+        cfg, ref = plan_resume(None, common, name)
+        assert ref is not None and cfg.net.input_norm is (name == "dense") and cfg.data.min_count == 1
+        cfg_file = tmp_path / f"{name}.yaml"
+        cfg_file.write_text(dump_config(config))
+        if name == "dense":  # its own config, defaults and all, matches
+            assert plan_resume(str(cfg_file), common, name)[1] == ref
+            continue
+        with pytest.raises(CheckpointError, match=r"net.input_norm: checkpoint has False, this run has True; .*--set "
+                                                  r"the field to the checkpoint's value"):  # fmt: skip
+            plan_resume(str(cfg_file), common, name)
+        assert plan_resume(str(cfg_file), [*common, "net.input_norm=false"], name)[0].net.input_norm is False
 
 
 def test_process_killed_while_writing_a_checkpoint_leaves_the_previous_one_loadable(tmp_path: Path):

@@ -285,17 +285,25 @@ def _read_manifest(filesystem: Any, path: str) -> dict[str, Any]:
     return manifest
 
 
-FIELDS_ADDED_SINCE: dict[str, Any] = {"net.input_norm": False, "eval.restore_best": False}
-"""Config fields added after checkpoints were first written whose default changes what a run does, with the
-value that keeps a checkpoint written before them as it was (e.g. blocks grown after a resume have no input
-LayerNorm, like the blocks restored). Other fields a checkpoint predates take their defaults."""
+FIELDS_ADDED_SINCE: dict[str, tuple[Any, tuple[str, Any] | None]] = {
+    "net.input_norm": (False, ("net.backbone", "transformer")),
+    "eval.restore_best": (False, None),
+}
+"""Config fields added after checkpoints were first written whose default changes what a run does: the value
+that keeps a checkpoint written before them as it was (e.g. blocks grown after a resume have no input
+LayerNorm, like the blocks restored), and the (field, value) of the configs where it matters (None: all).
+Other fields a checkpoint predates take their defaults."""
 
 
 def with_fields_added_since(config: dict[str, Any]) -> dict[str, Any]:
-    """A checkpoint's saved config with FIELDS_ADDED_SINCE filled in where it predates them."""
+    """A checkpoint's saved config with FIELDS_ADDED_SINCE filled in where it predates them and they matter."""
     out = dict(config)
-    for dotted, value in FIELDS_ADDED_SINCE.items():
+    for dotted, (value, only) in FIELDS_ADDED_SINCE.items():
         section, key = dotted.split(".")
+        if only is not None:
+            (where_section, where_key), want = only[0].split("."), only[1]
+            if (config.get(where_section) or {}).get(where_key) != want:
+                continue
         if isinstance(out.get(section), dict) and key not in out[section]:
             out[section] = {**out[section], key: value}
     return out

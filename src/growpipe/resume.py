@@ -42,7 +42,8 @@ def plan_resume(config: str | None, overrides: list[str], resume: str) -> tuple[
         raise CheckpointError(
             f"--resume {name}: the config does not match checkpoint {ref.path}: {diff[0]}"
             + (f" (and {len(diff) - 1} more)" if len(diff) > 1 else "")
-            + "; resume without --config (the checkpoint's own) or start a run with another name"
+            + "; resume without --config (the checkpoint's own), --set the field to the checkpoint's value, or "
+            "start a run with another name"
         )
     return continuing_mlflow_run(cfg.model_copy(update={"name": name}), manifest, name), ref
 

@@ -325,6 +325,6 @@ def _wait_names_free(names: list[str | None], timeout_s: float = 30.0) -> None:
                 ray.get_actor(name, namespace=NAMESPACE)
             except ValueError:
                 break
-            except Exception:  # the GCS cannot answer: nothing to wait for that it could tell
-                return
+            except Exception:  # the GCS did not answer this time: ask again until the deadline
+                pass
             time.sleep(0.1)
