@@ -5,6 +5,7 @@ runs the loop in one thread and answers the driver's event stream, status and gr
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -95,11 +96,10 @@ class Controller:
         """A small snapshot: state, finished epochs, blocks."""
         return self.loop.status()
 
-    def exit(self) -> None:
-        """End this actor's process the orderly way (after shutdown()): the call fails, as Ray reports the actor's
-        death, once it is gone and its name free again. Killing a threaded actor outright can abort it in Ray's
-        core (a native dump in the driver's output)."""
-        ray.actor.exit_actor()
+    def until_gone(self) -> None:
+        """Never returns: the driver calls it before killing this actor, and the call fails once the actor is
+        gone (its name free again)."""
+        threading.Event().wait()
 
     def shutdown(self, reason: str | None = None) -> None:
         """Release every worker and placement group now (the driver calls this before killing the

@@ -262,11 +262,10 @@ class Pipeline:
         if self.controller is not None:
             with contextlib.suppress(ray.exceptions.RayError):  # already gone: its resources went with it
                 ray.get(self.controller.shutdown.remote(reason), timeout=30)
-            gone = self.controller.exit.remote()
-            if not ray.wait([gone], timeout=10)[0]:  # still busy: a call that does not end; kill it then
-                ray.kill(self.controller, no_restart=True)
-                ray.wait([gone], timeout=10)  # fails once Ray has the actor dead and its name free for a next run
+            gone = self.controller.until_gone.remote()
+            ray.kill(self.controller, no_restart=True)
             self.controller = None
+            ray.wait([gone], timeout=10)  # fails once Ray has the actor dead and its name free for a next run
         if self._owns_ray:
             _wait_actor_processes_gone()
             ray.shutdown()

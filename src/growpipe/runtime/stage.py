@@ -92,12 +92,6 @@ class Stage(StageBase, DirectEndpoint):
         self.clock_offset = clock_offset(handle, self.timeout_s) if handle is not None else 0.0
 
     @ray.method(concurrency_group="control")
-    def exit(self) -> None:
-        """End this actor's process the orderly way once the call running in it returns (see
-        StageEngine.stop): killing a threaded actor outright can abort it in Ray's core."""
-        ray.actor.exit_actor()
-
-    @ray.method(concurrency_group="control")
     def clock(self) -> tuple[str, float]:
         """This actor's machine (one clock per running kernel) and its time now (see runtime/clocks.py)."""
         return BOOT_ID, time.time()

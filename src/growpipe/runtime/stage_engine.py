@@ -249,12 +249,7 @@ class StageEngine:
 
     def stop(self) -> None:
         """Kill every stage actor and release every placement group (they outlive the actor that made them)."""
-        slots = [*self.slots, *self._early.values()]
-        exits = [s.handle.exit.remote() for s in slots if s.host is None and hasattr(self.actor_class, "exit")]
-        if exits:  # a threaded stage killed outright can abort in Ray's core; one still busy is killed after 3 s
-            with contextlib.suppress(Exception):
-                ray.wait(exits, num_returns=len(exits), timeout=3)
-        for slot in slots:
+        for slot in [*self.slots, *self._early.values()]:
             with contextlib.suppress(Exception):  # already dead
                 ray.kill(slot.handle, no_restart=True)
         owned = {id(s.home[0]): s.home[0] for s in self.slots if s.home and s.home[2]}
