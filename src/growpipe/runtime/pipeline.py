@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -71,33 +70,6 @@ def _starting_ray() -> Any:
     if signals.received():  # it arrived inside ray.init and what it raised was caught there
         _release_partial_ray()
         signals.check()
-
-
-def _wait_actor_processes_gone(timeout_s: float = 10.0) -> None:
-    """An embedded Ray's processes are this driver's children: wait (up to `timeout_s`) until the run's killed
-    actors' worker processes have exited. ray.kill only asks, and Ray frees an actor's name before its process
-    is gone; ray.shutdown under a worker still exiting can make its core worker abort, and the abort's dump
-    reaches the driver's output."""
-    import psutil
-
-    from growpipe.runtime.async_bp import AsyncBPStage
-    from growpipe.runtime.bp_stage import BPStage
-    from growpipe.runtime.controller import Controller
-    from growpipe.runtime.stage import Stage
-
-    ours = {f"ray::{c.__name__}" for c in (Stage, BPStage, AsyncBPStage, Controller)}
-
-    def actor_of_ours(p: psutil.Process) -> bool:
-        with contextlib.suppress(psutil.Error, IndexError):
-            return p.cmdline()[0].split(".")[0].split(" ")[0] in ours
-        return False
-
-    deadline = time.monotonic() + timeout_s
-    with contextlib.suppress(psutil.Error):
-        while any(actor_of_ours(p) for p in psutil.Process().children(recursive=True)):
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.1)
 
 
 def _release_partial_ray() -> None:
@@ -267,7 +239,6 @@ class Pipeline:
             self.controller = None
             ray.wait([gone], timeout=10)  # fails once Ray has the actor dead and its name free for a next run
         if self._owns_ray:
-            _wait_actor_processes_gone()
             ray.shutdown()
             self._owns_ray = False
 
