@@ -29,10 +29,8 @@ class Slot:
     """A block's place: the actor that runs it, the placement-group bundle that actor holds, its spec, and
     its home: the bundle its own actor uses when the cluster has room (kept while it runs packed)."""
 
-    def __init__(self, handle: Any, pg: Any, owns_pg: bool, bundle: int = 0, host: int | None = None,
-                 actor_name: str | None = None):  # fmt: skip
+    def __init__(self, handle: Any, pg: Any, owns_pg: bool, bundle: int = 0, host: int | None = None):
         self.handle = handle
-        self.actor_name = actor_name  # the named actor of its own (None when packed into another's)
         self.pg = pg
         self.owns_pg = owns_pg
         self.bundle = bundle
@@ -107,9 +105,8 @@ class StageEngine:
         groups = getattr(self.actor_class, "CONCURRENCY_GROUPS", None)
         remote = {**({"concurrency_groups": dict(groups)} if groups else {}), **actor_options(self.cfg)}
         actor = ray.remote(**remote)(self.actor_class) if remote else ray.remote(self.actor_class)
-        name = f"{self.run_name}/stage{index}"
-        opts = in_bundle(actor, self.cfg, pg, bundle_index, name=name, max_concurrency=1)
-        return Slot(opts.remote(index, self.cfg), pg, owns_pg, bundle_index, actor_name=name)
+        opts = in_bundle(actor, self.cfg, pg, bundle_index, name=f"{self.run_name}/stage{index}", max_concurrency=1)
+        return Slot(opts.remote(index, self.cfg), pg, owns_pg, bundle_index)
 
     def _resources_text(self) -> str:
         b = stage_bundle(self.cfg, ray.cluster_resources().get("GPU", 0) > 0)
@@ -121,7 +118,7 @@ class StageEngine:
             if slot.host is None:
                 with contextlib.suppress(Exception):  # already dead
                     ray.kill(slot.handle, no_restart=True)
-        _wait_names_free([s.actor_name for s in self.slots if s.host is None])
+        _wait_names_free([f"{self.run_name}/stage{s.index}" for s in self.slots if s.host is None])
 
     def discard_block(self, block: Prepared) -> None:
         self._discard(block.handle)
@@ -315,11 +312,11 @@ def ray_error(e: BaseException) -> BaseException:
     return cause if isinstance(cause, Exception) else e
 
 
-def _wait_names_free(names: list[str | None], timeout_s: float = 30.0) -> None:
+def _wait_names_free(names: list[str], timeout_s: float = 30.0) -> None:
     """Wait (up to about `timeout_s` in all) until killed actors' names can be taken again by their
     replacements (Ray frees a name when it marks the actor dead, which can be before its process exits)."""
     deadline = time.monotonic() + timeout_s
-    for name in filter(None, names):
+    for name in names:
         while time.monotonic() < deadline:
             try:
                 ray.get_actor(name, namespace=NAMESPACE)
