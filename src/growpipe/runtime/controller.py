@@ -5,7 +5,6 @@ runs the loop in one thread and answers the driver's event stream, status and gr
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -95,11 +94,6 @@ class Controller:
     def status(self) -> dict[str, Any]:
         """A small snapshot: state, finished epochs, blocks."""
         return self.loop.status()
-
-    def until_gone(self) -> None:
-        """Never returns: the driver calls it before killing this actor, and the call fails once the actor is
-        gone (its name free again)."""
-        threading.Event().wait()
 
     def shutdown(self, reason: str | None = None) -> None:
         """Release every worker and placement group now (the driver calls this before killing the

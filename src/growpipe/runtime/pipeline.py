@@ -18,6 +18,7 @@ from growpipe.prepare import logical_cpus_needed, resolve_paths
 from growpipe.progress import EpochBar
 from growpipe.runtime import NAMESPACE
 from growpipe.runtime.controller import launch_controller
+from growpipe.runtime.names import names_free
 from growpipe.runtime.placement import reserved_bundles_problem
 from growpipe.runtime.transport import check_transport
 
@@ -142,6 +143,7 @@ class Pipeline:
         self.controller: Any = None
         self._owns_ray = False
         self._stop_reason: str | None = None
+        self._running: Any = None  # the controller's run() call, while train() follows it
 
     def start(self) -> Pipeline:
         """Connect to Ray and launch the controller (refuses a second live run with the same name, a
@@ -181,7 +183,7 @@ class Pipeline:
         controller = self.controller  # stop() may drop the handle from another thread
         stream = controller.events_from_start.remote()
         positions = bar is not None and bar.active
-        ref = controller.run.remote(keep_net, paced=on_epoch is not None, positions=positions)
+        ref = self._running = controller.run.remote(keep_net, paced=on_epoch is not None, positions=positions)
         try:
             return self._follow(controller, stream, ref, progress, on_epoch, bar)
         finally:
@@ -234,10 +236,13 @@ class Pipeline:
         if self.controller is not None:
             with contextlib.suppress(ray.exceptions.RayError):  # already gone: its resources went with it
                 ray.get(self.controller.shutdown.remote(reason), timeout=30)
-            gone = self.controller.until_gone.remote()
+            if self._running is not None:  # shutdown() ends the loop: run() returns once its calls settled
+                ray.wait([self._running], timeout=10)
+            # Killed while a call of its own to a stage completes, its process can abort in Ray's core (a native
+            # dump in the driver's output): hence the wait above, and no call of the driver's left running in it.
             ray.kill(self.controller, no_restart=True)
             self.controller = None
-            ray.wait([gone], timeout=10)  # fails once Ray has the actor dead and its name free for a next run
+            names_free([self.run_name], timeout_s=10)  # free again for a next run of the same name
         if self._owns_ray:
             ray.shutdown()
             self._owns_ray = False

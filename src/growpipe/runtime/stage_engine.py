@@ -19,7 +19,7 @@ from growpipe.nn.backbones import FEATURE_FAMILIES
 from growpipe.nn.inference import Exited, ExitPredictions, early_exit_report, evaluate_exits, exit_costs
 from growpipe.nn.net import GrowableNet
 from growpipe.nn.specs import BlockSpec, InputInfo
-from growpipe.runtime import NAMESPACE
+from growpipe.runtime.names import names_free
 from growpipe.runtime.placement import in_bundle, make_stage_pg, stage_bundle
 from growpipe.runtime.stage_base import ALL_EXITS
 from growpipe.runtime.transport import actor_options
@@ -118,7 +118,7 @@ class StageEngine:
             if slot.host is None:
                 with contextlib.suppress(Exception):  # already dead
                     ray.kill(slot.handle, no_restart=True)
-        _wait_names_free([f"{self.run_name}/stage{s.index}" for s in self.slots if s.host is None])
+        names_free([f"{self.run_name}/stage{s.index}" for s in self.slots if s.host is None])
 
     def discard_block(self, block: Prepared) -> None:
         self._discard(block.handle)
@@ -310,18 +310,3 @@ def ray_error(e: BaseException) -> BaseException:
     if isinstance(cause, ray.exceptions.RayActorError):
         return WorkerLost(f"a stage actor died ({str(cause).splitlines()[0]})")
     return cause if isinstance(cause, Exception) else e
-
-
-def _wait_names_free(names: list[str], timeout_s: float = 30.0) -> None:
-    """Wait (up to about `timeout_s` in all) until killed actors' names can be taken again by their
-    replacements (Ray frees a name when it marks the actor dead, which can be before its process exits)."""
-    deadline = time.monotonic() + timeout_s
-    for name in names:
-        while time.monotonic() < deadline:
-            try:
-                ray.get_actor(name, namespace=NAMESPACE)
-            except ValueError:
-                break
-            except Exception:  # the GCS did not answer this time: ask again until the deadline
-                pass
-            time.sleep(0.1)
