@@ -29,12 +29,14 @@ from growpipe.fsutil import atomic_write_json  # noqa: E402
 from growpipe.local import train_local  # noqa: E402
 
 # Before issue 18: N(0, 1) token and position vectors, no final LayerNorm, feed-forward 4 x 64, an MLP
-# projector and a linear classifier (and no input LayerNorm, which came with issue 28). Each variant changes
-# that starting point; "now" is what the suite runs today (growpipe's defaults plus the suite's overrides in
-# bench/compare.py): the seeds' heads and feed-forward width, embeddings at std 0.02, learned positions, no
-# final LayerNorm, a LayerNorm on each transformer block's input.
+# projector and a linear classifier (and no input LayerNorm on the blocks or the classifiers, which came with
+# issue 28). Each variant changes that starting point; "now" is what the suite runs today (growpipe's defaults
+# plus the suite's overrides in bench/compare.py): the seeds' projector and feed-forward width, embeddings at
+# std 0.02, learned positions, no final LayerNorm, a LayerNorm on each transformer block's input and on each
+# classifier's input, linear classifiers.
 BEFORE = ("net.embed_init_std=1.0", "net.positions=learned", "net.final_norm=false", "net.ff_width=256",
-          "scpl.projector=mlp", "scpl.classifier=linear", "net.input_norm=false")  # fmt: skip
+          "scpl.projector=mlp", "scpl.classifier=linear", "net.input_norm=false",
+          "scpl.classifier_norm=false")  # fmt: skip
 SEEDS = ("scpl.projector=identity", "net.positions=none", "net.final_norm=true", "net.ff_width=64",
          "scpl.classifier=mlp")  # fmt: skip
 VARIANTS: dict[str, tuple[str, ...]] = {

@@ -77,19 +77,23 @@ def test_resume_refuses_a_config_that_does_not_match_naming_the_field(tmp_path: 
 
 
 def test_a_checkpoint_older_than_a_config_field_resumes_as_it_ran(tmp_path: Path):
-    """A saved config without fields added since (net.input_norm, whose default changes a transformer's blocks;
-    data.min_count, whose default changes nothing) resumes: the first keeps the value the run had where it
-    matters, the second takes its default."""
+    """A saved config without fields added since (net.input_norm and scpl.classifier_norm, whose defaults change
+    a transformer's blocks and an SCPL classifier; data.min_count, whose default changes nothing) resumes: the
+    first two keep the value the run had where they matter, the third takes its default."""
     from growpipe.config import RunConfig, dump_config
 
     common = [f"checkpoint.uri={tmp_path}"]
-    for name, net in (("tf", {"backbone": "transformer", "width": 8, "heads": 2}), ("dense", {})):
-        config = RunConfig.model_validate({"name": name, "net": net})
+    for name, net, method in (("tf", {"backbone": "transformer", "width": 8, "heads": 2}, "al"), ("dense", {}, "al"),
+                              ("sc", {}, "dascpl")):  # fmt: skip
+        config = RunConfig.model_validate({"name": name, "net": net, "method": method})
         saved = config.model_dump(mode="json")
-        del saved["net"]["input_norm"], saved["data"]["min_count"]
+        del saved["net"]["input_norm"], saved["data"]["min_count"], saved["scpl"]["classifier_norm"]
         _write(CheckpointStore(str(tmp_path), name), 1, 0, 1, 1.0, config=saved)
         cfg, ref = plan_resume(None, common, name)
-        assert ref is not None and cfg.net.input_norm is (name == "dense") and cfg.data.min_count == 1
+        assert ref is not None and cfg.net.input_norm is (name != "tf") and cfg.data.min_count == 1
+        assert cfg.scpl.classifier_norm is (name != "sc")
+        if name == "sc":
+            continue
         cfg_file = tmp_path / f"{name}.yaml"
         cfg_file.write_text(dump_config(config))
         if name == "dense":  # its own config, defaults and all, matches

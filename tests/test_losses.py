@@ -36,6 +36,24 @@ def test_al_blocks_default_to_the_seeds_activations_and_decoders_and_keep_the_ol
         assert rates == [cfg.train.lr * cfg.al.label_lr_scale]
 
 
+def test_scpl_classifiers_read_a_layernormed_input_by_default_and_not_when_asked():
+    """scpl.classifier_norm (default on): every DASCPL exit reads its features at unit scale, so its logits are
+    the same for features 100x larger (a block whose scale drifted); off, the plain head as before."""
+    from growpipe.nn.net import GrowableNet
+    from growpipe.nn.specs import InputInfo
+
+    info = InputInfo(shape=(1, 8, 8), dtype="float", num_classes=10)
+    for classifier in ("linear", "mlp"):
+        cfg = tiny_config(method="dascpl", scpl={"classifier": classifier})
+        torch.manual_seed(0)
+        heads = [b.modules["cls"].eval() for b in GrowableNet.build(cfg.rule(), cfg.net, info).blocks]
+        feats = torch.randn(5, heads[0][0].normalized_shape[0])
+        assert all(isinstance(h[0], torch.nn.LayerNorm) for h in heads)
+        assert torch.allclose(heads[0](feats), heads[0](feats * 100), atol=1e-4)
+    plain = tiny_config(method="scpl", scpl={"classifier_norm": False})
+    assert isinstance(GrowableNet.build(plain.rule(), plain.net, info).blocks[-1].modules["cls"], torch.nn.Linear)
+
+
 def test_autoencoder_loss_cross_entropy_on_first_block_squared_error_above():
     recon = torch.tensor([[2.0, 0.0, -1.0], [0.0, 1.0, 0.0]])
     y = torch.tensor([0, 1])

@@ -288,11 +288,12 @@ def _read_manifest(filesystem: Any, path: str) -> dict[str, Any]:
 FIELDS_ADDED_SINCE: dict[str, tuple[Any, tuple[str, Any] | None]] = {
     "net.input_norm": (False, ("net.backbone", "transformer")),
     "eval.restore_best": (False, None),
+    "scpl.classifier_norm": (False, ("method", ("scpl", "dascpl"))),
 }
 """Config fields added after checkpoints were first written whose default changes what a run does: the value
 that keeps a checkpoint written before them as it was (e.g. blocks grown after a resume have no input
-LayerNorm, like the blocks restored), and the (field, value) of the configs where it matters (None: all).
-Other fields a checkpoint predates take their defaults."""
+LayerNorm, like the blocks restored), and the (field, value or tuple of values) of the configs where it
+matters (None: all). Other fields a checkpoint predates take their defaults."""
 
 
 def with_fields_added_since(config: dict[str, Any]) -> dict[str, Any]:
@@ -301,8 +302,10 @@ def with_fields_added_since(config: dict[str, Any]) -> dict[str, Any]:
     for dotted, (value, only) in FIELDS_ADDED_SINCE.items():
         section, key = dotted.split(".")
         if only is not None:
-            (where_section, where_key), want = only[0].split("."), only[1]
-            if (config.get(where_section) or {}).get(where_key) != want:
+            where, want = config, only[1]
+            for part in only[0].split("."):
+                where = where.get(part) if isinstance(where, dict) else None
+            if where not in (want if isinstance(want, tuple) else (want,)):
                 continue
         if isinstance(out.get(section), dict) and key not in out[section]:
             out[section] = {**out[section], key: value}

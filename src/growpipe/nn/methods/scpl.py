@@ -42,12 +42,15 @@ def make_projector(kind: str, in_dim: int, out_dim: int) -> nn.Module:
     return nn.Sequential(nn.Linear(in_dim, in_dim), nn.ReLU(), nn.Linear(in_dim, out_dim))
 
 
-def make_classifier(kind: str, in_dim: int, classes: int, hidden: int | None = None) -> nn.Module:
-    """linear, or mlp: Linear-Tanh-Linear with `hidden` units (default in_dim)."""
+def make_classifier(kind: str, in_dim: int, classes: int, hidden: int | None = None, norm: bool = False) -> nn.Module:
+    """linear, or mlp: Linear-Tanh-Linear with `hidden` units (default in_dim); with `norm`, a LayerNorm on
+    its input first."""
     if kind == "linear":
-        return nn.Linear(in_dim, classes)
-    width = hidden or in_dim
-    return nn.Sequential(nn.Linear(in_dim, width), nn.Tanh(), nn.Linear(width, classes))
+        head: nn.Module = nn.Linear(in_dim, classes)
+    else:
+        width = hidden or in_dim
+        head = nn.Sequential(nn.Linear(in_dim, width), nn.Tanh(), nn.Linear(width, classes))
+    return nn.Sequential(nn.LayerNorm(in_dim), head) if norm else head
 
 
 class SCPLBlock(Block):
@@ -57,7 +60,7 @@ class SCPLBlock(Block):
         self.modules["proj"] = make_projector(rule.scpl.projector, self.head_dim, rule.scpl.proj_dim)
         if spec.has_exit:
             self.modules["cls"] = make_classifier(rule.scpl.classifier, self.head_dim, spec.num_classes,
-                                                  rule.scpl.classifier_hidden)  # fmt: skip
+                                                  rule.scpl.classifier_hidden, rule.scpl.classifier_norm)  # fmt: skip
         self.optimizers = {"all": make_optimizer(self.modules.parameters(), rule.optim)}
 
     def local_step(self, p: Packet) -> tuple[Packet, dict[str, float]]:
