@@ -105,6 +105,24 @@ def test_a_checkpoint_older_than_a_config_field_resumes_as_it_ran(tmp_path: Path
         assert plan_resume(str(cfg_file), [*common, "net.input_norm=false"], name)[0].net.input_norm is False
 
 
+def test_a_run_continuing_an_older_checkpoint_from_its_own_config_builds_the_blocks_as_saved(tmp_path: Path):
+    """continue_from (a Tune trial handed a checkpoint): the trial's config takes the checkpoint's values of the
+    fields added since it was written, so a transformer DASCPL net saved before them is rebuilt as it was."""
+    from growpipe.config import RunConfig
+    from growpipe.resume import continue_from
+
+    net = {"backbone": "transformer", "width": 8, "heads": 2}
+    saved = RunConfig.model_validate({"name": "old", "net": net, "method": "dascpl"}).model_dump(mode="json")
+    del saved["net"]["input_norm"], saved["scpl"]["classifier_norm"]
+    store = CheckpointStore(str(tmp_path), "old")
+    _write(store, 1, 0, 1, 1.0, config=saved)
+    trial = RunConfig.model_validate({"name": "old", "net": net, "method": "dascpl",
+                                      "checkpoint": {"uri": str(tmp_path)}})  # fmt: skip
+    assert trial.net.input_norm and trial.scpl.classifier_norm
+    cfg = continue_from(trial, store.latest().path)
+    assert cfg.net.input_norm is False and cfg.scpl.classifier_norm is False and cfg.net.width == 8
+
+
 def test_process_killed_while_writing_a_checkpoint_leaves_the_previous_one_loadable(tmp_path: Path):
     """A real process writes checkpoint 1, then dies (SIGKILL) halfway through checkpoint 2's manifest."""
     script = textwrap.dedent(

@@ -312,6 +312,21 @@ def with_fields_added_since(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def keeping_added_fields(cfg: RunConfig, saved: dict[str, Any]) -> RunConfig:
+    """`cfg` with checkpoint config `saved`'s values (as filled by with_fields_added_since) of the fields in
+    FIELDS_ADDED_SINCE, for a run that continues that checkpoint from a config of its own (a Tune trial): its
+    blocks are then built as they were saved."""
+    data = cfg.model_dump(mode="json")
+    changed = False
+    for dotted in FIELDS_ADDED_SINCE:
+        section, key = dotted.split(".")
+        kept = saved.get(section) or {}
+        if key in kept and data[section][key] != kept[key]:
+            data[section] = {**data[section], key: kept[key]}
+            changed = True
+    return build_config(data, "the config with the checkpoint's values of fields added since") if changed else cfg
+
+
 def open_checkpoint(path: str | Path) -> tuple[CheckpointStore, str, dict[str, Any]]:
     """A checkpoint directory given by the user: a `--save` directory, a run checkpoint (ckpt-...), or a
     run's checkpoint folder (its newest complete checkpoint); local or a pyarrow.fs URI.

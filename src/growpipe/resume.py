@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from growpipe.checkpoint import CheckpointRef, CheckpointStore, config_differences
+from growpipe.checkpoint import CheckpointRef, CheckpointStore, config_differences, keeping_added_fields
 from growpipe.config import RunConfig, apply_overrides, build_config, check_run_name, load_config
 from growpipe.errors import CheckpointError
 
@@ -50,11 +50,12 @@ def plan_resume(config: str | None, overrides: list[str], resume: str) -> tuple[
 
 def continue_from(cfg: RunConfig, checkpoint: str, run_name: str | None = None) -> RunConfig:
     """`cfg` for a run (named `run_name`, default cfg.name) that starts from checkpoint directory `checkpoint`:
-    logging into the MLflow run the checkpoint's run had when it is this run's own checkpoint. Reads the
-    checkpoint's manifest (CheckpointError when damaged)."""
+    logging into the MLflow run the checkpoint's run had when it is this run's own checkpoint, with the
+    checkpoint's values of fields added since it may predate (keeping_added_fields). Reads the checkpoint's
+    manifest (CheckpointError when damaged)."""
     name = run_name or cfg.name or ""
     manifest = CheckpointStore(cfg.checkpoint.uri, name, cfg.checkpoint.keep).read_manifest(checkpoint)
-    return continuing_mlflow_run(cfg, manifest, name)
+    return continuing_mlflow_run(keeping_added_fields(cfg, manifest.get("config") or {}), manifest, name)
 
 
 def continuing_mlflow_run(cfg: RunConfig, manifest: dict[str, Any], run_name: str) -> RunConfig:

@@ -143,7 +143,7 @@ class Pipeline:
         self.controller: Any = None
         self._owns_ray = False
         self._stop_reason: str | None = None
-        self._running: Any = None  # the controller's run() call, while train() follows it
+        self._running: Any = None  # the controller's run() call, from train() until stop()
 
     def start(self) -> Pipeline:
         """Connect to Ray and launch the controller (refuses a second live run with the same name, a
@@ -232,6 +232,8 @@ class Pipeline:
     def stop(self, reason: str | None = None) -> None:
         """Release the run's workers and placement groups, kill the controller and disconnect if this
         handle connected. `reason`: the run is stopped before its end (its MLflow run ends KILLED)."""
+        if reason is None and self._running is not None and not ray.wait([self._running], timeout=0)[0]:
+            reason = "the driver stopped following it"  # else its failure policy could restore the stages it lost
         self._stop_reason = self._stop_reason or reason
         if self.controller is not None:
             with contextlib.suppress(ray.exceptions.RayError):  # already gone: its resources went with it
@@ -241,7 +243,7 @@ class Pipeline:
             # Killed while a call of its own to a stage completes, its process can abort in Ray's core (a native
             # dump in the driver's output): hence the wait above, and no call of the driver's left running in it.
             ray.kill(self.controller, no_restart=True)
-            self.controller = None
+            self.controller = self._running = None
             names_free([self.run_name], timeout_s=10)  # free again for a next run of the same name
         if self._owns_ray:
             ray.shutdown()
