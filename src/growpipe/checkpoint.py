@@ -296,16 +296,24 @@ LayerNorm, like the blocks restored), and the (field, value or tuple of values) 
 matters (None: all). Other fields a checkpoint predates take their defaults."""
 
 
+def _field(config: dict[str, Any], dotted: str, missing: Any = None) -> Any:
+    """The value of dotted field `dotted` (e.g. "net.backbone", "method") in a config dict, else `missing`."""
+    where: Any = config
+    for part in dotted.split("."):
+        if not isinstance(where, dict) or part not in where:
+            return missing
+        where = where[part]
+    return where
+
+
 def with_fields_added_since(config: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint's saved config with FIELDS_ADDED_SINCE filled in where it predates them and they matter."""
     out = dict(config)
     for dotted, (value, only) in FIELDS_ADDED_SINCE.items():
         section, key = dotted.split(".")
         if only is not None:
-            where, want = config, only[1]
-            for part in only[0].split("."):
-                where = where.get(part) if isinstance(where, dict) else None
-            if where not in (want if isinstance(want, tuple) else (want,)):
+            want = only[1] if isinstance(only[1], tuple) else (only[1],)
+            if _field(config, only[0]) not in want:
                 continue
         if isinstance(out.get(section), dict) and key not in out[section]:
             out[section] = {**out[section], key: value}
@@ -320,9 +328,9 @@ def keeping_added_fields(cfg: RunConfig, saved: dict[str, Any]) -> RunConfig:
     changed = False
     for dotted in FIELDS_ADDED_SINCE:
         section, key = dotted.split(".")
-        kept = saved.get(section) or {}
-        if key in kept and data[section][key] != kept[key]:
-            data[section] = {**data[section], key: kept[key]}
+        kept = _field(saved, dotted, missing=data[section][key])
+        if kept != data[section][key]:
+            data[section] = {**data[section], key: kept}
             changed = True
     return build_config(data, "the config with the checkpoint's values of fields added since") if changed else cfg
 

@@ -24,6 +24,7 @@ from growpipe.loop.topology import Layout
 from growpipe.nn.specs import BlockSpec
 from growpipe.runtime.async_bp import AsyncBPStage, check_1f1b, one_f_one_b_problem, submit_epoch
 from growpipe.runtime.bp_stage import BPStage
+from growpipe.runtime.names import stage_actor_name
 from growpipe.runtime.stage_engine import StageEngine
 
 BATCHES_AHEAD = 2
@@ -166,7 +167,7 @@ class BPPipelineEngine(StageEngine):
             self._discard(slot)
             raise
         return Prepared(spec, f"stage actor {spec.index} ({slot.block_name})", slot, cacheable=False,
-                        extra={"stage": f"{self.run_name}/stage{spec.index}", "packed": False})  # fmt: skip
+                        extra={"stage": stage_actor_name(self.run_name, spec.index), "packed": False})  # fmt: skip
 
     def attach_block(self, block: Prepared, freeze: bool) -> None:
         if freeze:

@@ -1,4 +1,4 @@
-"""Named actors: waiting until an ended actor's name can be taken again."""
+"""Named actors: a run's stage actors' names, and waiting until an ended actor's name can be taken again."""
 
 from __future__ import annotations
 
@@ -7,6 +7,11 @@ import time
 import ray
 
 from growpipe.runtime import NAMESPACE
+
+
+def stage_actor_name(run_name: str, index: int) -> str:
+    """The name of the stage actor of block `index` of run `run_name` (in the growpipe namespace)."""
+    return f"{run_name}/stage{index}"
 
 
 def names_free(names: list[str], timeout_s: float = 30.0) -> bool:

@@ -22,6 +22,7 @@ from growpipe.loop.engine import EpochPart, Poll, Prepared
 from growpipe.loop.policies import pack_host
 from growpipe.loop.topology import Layout, TopologyView
 from growpipe.nn.specs import BlockSpec
+from growpipe.runtime.names import stage_actor_name
 from growpipe.runtime.stage import Stage
 from growpipe.runtime.stage_engine import Slot, StageEngine, ray_error
 from growpipe.runtime.transport import TransportGroup, run_backend
@@ -139,8 +140,8 @@ class PipelineEngine(StageEngine):
             raise
         actor = spec.index if slot.host is None else slot.host
         where = f"stage actor {spec.index}" if slot.host is None else f"packed into stage actor {slot.host}"
-        return Prepared(spec, f"{where} ({slot.block_name})", slot, cacheable=slot.host is None,
-                        extra={"stage": f"{self.run_name}/stage{actor}", "packed": slot.host is not None})  # fmt: skip
+        extra = {"stage": stage_actor_name(self.run_name, actor), "packed": slot.host is not None}
+        return Prepared(spec, f"{where} ({slot.block_name})", slot, cacheable=slot.host is None, extra=extra)
 
     def attach_block(self, block: Prepared, freeze: bool) -> None:
         slot: Slot = block.handle

@@ -19,7 +19,7 @@ from growpipe.nn.backbones import FEATURE_FAMILIES
 from growpipe.nn.inference import Exited, ExitPredictions, early_exit_report, evaluate_exits, exit_costs
 from growpipe.nn.net import GrowableNet
 from growpipe.nn.specs import BlockSpec, InputInfo
-from growpipe.runtime.names import names_free
+from growpipe.runtime.names import names_free, stage_actor_name
 from growpipe.runtime.placement import in_bundle, make_stage_pg, stage_bundle
 from growpipe.runtime.stage_base import ALL_EXITS
 from growpipe.runtime.transport import actor_options
@@ -105,7 +105,8 @@ class StageEngine:
         groups = getattr(self.actor_class, "CONCURRENCY_GROUPS", None)
         remote = {**({"concurrency_groups": dict(groups)} if groups else {}), **actor_options(self.cfg)}
         actor = ray.remote(**remote)(self.actor_class) if remote else ray.remote(self.actor_class)
-        opts = in_bundle(actor, self.cfg, pg, bundle_index, name=f"{self.run_name}/stage{index}", max_concurrency=1)
+        name = stage_actor_name(self.run_name, index)
+        opts = in_bundle(actor, self.cfg, pg, bundle_index, name=name, max_concurrency=1)
         return Slot(opts.remote(index, self.cfg), pg, owns_pg, bundle_index)
 
     def _resources_text(self) -> str:
@@ -118,7 +119,7 @@ class StageEngine:
             if slot.host is None:
                 with contextlib.suppress(Exception):  # already dead
                     ray.kill(slot.handle, no_restart=True)
-        names_free([f"{self.run_name}/stage{s.index}" for s in self.slots if s.host is None])
+        names_free([stage_actor_name(self.run_name, s.index) for s in self.slots if s.host is None])
 
     def discard_block(self, block: Prepared) -> None:
         self._discard(block.handle)
