@@ -238,10 +238,9 @@ class Pipeline:
         if self.controller is not None:
             with contextlib.suppress(ray.exceptions.RayError):  # already gone: its resources went with it
                 ray.get(self.controller.shutdown.remote(reason), timeout=30)
-            if self._running is not None:  # shutdown() ends the loop: run() returns once its calls settled
-                ray.wait([self._running], timeout=10)
-            # Killed while a call of its own to a stage completes, its process can abort in Ray's core (a native
-            # dump in the driver's output): hence the wait above, and no call of the driver's left running in it.
+            # No call of the driver's is left running in it when it is killed (a threaded actor killed while a
+            # call completes can abort in Ray's core: a native dump in the driver's output). Not waiting for
+            # run() to return: a trial's controller that outlived shutdown() let Tune record an epoch twice.
             ray.kill(self.controller, no_restart=True)
             self.controller = self._running = None
             names_free([self.run_name], timeout_s=10)  # free again for a next run of the same name
