@@ -5,6 +5,8 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # down; variables set by the caller win. RAYLOCAL_STATE moves it (a relative path is the caller's).
 STATE="${RAYLOCAL_STATE:-$REPO/runs/raylocal.env}"
 case "$STATE" in /*) ;; *) STATE="$PWD/$STATE" ;; esac
+# Where jobs keep their results (see raylocal/up); a relative path is the caller's too.
+case "${GROWPIPE_WORKDIR:-}" in "" | /*) ;; *) export GROWPIPE_WORKDIR="$PWD/$GROWPIPE_WORKDIR" ;; esac
 cd "$REPO"
 [ -x .venv/bin/ray ] || make -s .venv/.installed
 RAY=.venv/bin/ray

@@ -34,7 +34,7 @@ def test_the_text_bar_fits_the_raw_text_of_exactly_the_rows_the_run_trains_and_t
     cfg = tiny_config(data=data)
     bundle = load_data(cfg.data, keep_text=True)
     for split in (bundle.train, bundle.val, bundle.test):  # each raw text is the row its token ids came from
-        assert split.text is not None and torch.equal(bundle.vocab.encode(split.text.tolist(), 16), split.x)
+        assert split.text is not None and torch.equal(bundle.vocab.encode(split.text.tolist(), 15), split.x)
     assert load_data(cfg.data).train.text is None  # a run does not carry the raw text along
     bar = classical_bar(cfg)
     assert bar["kind"] == TEXT_BAR and "TfidfVectorizer" in bar["model"]
@@ -133,3 +133,17 @@ def test_growpipe_baseline_prints_the_bar_and_writes_its_json_or_refuses_a_kind_
     assert main(["baseline", "--set", name, *chunks]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "baseline skipped: data.feature_groups.scheme=chunks" in err
+
+
+def test_baseline_on_data_of_one_class_is_one_line_and_exit_2(tmp_path: Path, capsys):
+    rows = pd.DataFrame({"a": [i / 11 for i in range(12)], "b": [1 - i / 11 for i in range(12)], "label": ["cat"] * 12})
+    for split in ("train", "test"):
+        rows.to_csv(tmp_path / f"{split}.csv", index=False)
+    out = tmp_path / "bar.json"
+    assert main(["baseline", "--set", f"data.name=csv:{tmp_path}", "--json-out", str(out)]) == 2  # was: a traceback
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == (f"growpipe baseline: error: data.name: every one of the 12 training rows of "
+                                    f"csv:{tmp_path} is of class 'cat'; a classifier needs at least 2 classes to "
+                                    "learn: point data.name at data with 2 or more classes, or relabel it")  # fmt: skip
+    assert "Traceback" not in err
+    assert not out.exists()

@@ -3,6 +3,11 @@ killed while it writes a checkpoint."""
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
+import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -11,7 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from growpipe.checkpoint import CheckpointStore, config_differences
+from growpipe.checkpoint import (
+    CLAIM_TTL_S,
+    CheckpointStore,
+    claim_holds,
+    config_differences,
+    prune_plan,
+    run_folder_problem,
+)
 from growpipe.errors import CheckpointError
 from growpipe.resume import plan_resume
 
@@ -20,10 +32,11 @@ def _state(v: float) -> dict:
     return {"modules": {"w": torch.full((3, 3), v)}, "optimizers": {}, "frozen": False, "steps": 1}
 
 
-def _write(store: CheckpointStore, epoch: int, batch: int, seq: int, v: float, config: dict | None = None):
+def _write(store: CheckpointStore, epoch: int, batch: int, seq: int, v: float, config: dict | None = None, say=None):
     path = store.dir_for(epoch, batch, seq)
     shards = [store.write_shard(path, {i: _state(v + i)}) for i in range(2)]
-    return store.commit(path, {"epoch": epoch, "batch": batch, "seq": seq, "shards": shards, "config": config or {}})
+    return store.commit(path, {"epoch": epoch, "batch": batch, "seq": seq, "shards": shards, "config": config or {},
+                               "topology": [{"index": i} for i in range(2)]}, say=say)  # fmt: skip
 
 
 def test_commit_latest_and_keep_k(tmp_path: Path):
@@ -197,3 +210,204 @@ def test_a_local_resume_goes_on_in_the_same_mlflow_run_and_a_ray_one_is_decided_
     on_ray = prepare_run(None, ["checkpoint.uri=" + str(tmp_path / "ck")], resume_run="again", runtime="ray",
                          address="ray://not-asked:10001", say=None)  # fmt: skip
     assert on_ray.cfg.tracking.run_id == first.info.run_id and "/again/ckpt-000002-" in str(on_ray.resume)
+
+
+def test_pruning_keeps_the_newest_the_protected_and_the_claimed_and_a_claim_expires():
+    """The decisions, pure: which folders pruning removes, and whether a claim still holds its checkpoint."""
+    dirs = [("a", (0, 0, 1), True), ("b", (1, 0, 2), False), ("c", (1, 0, 3), True), ("d", (2, 0, 4), True),
+            ("e", (3, 0, 5), True)]  # fmt: skip
+    assert prune_plan(dirs, 2, set()) == ["a", "b", "c"], "older than the oldest of the newest 2, incomplete too"
+    assert prune_plan(dirs, 2, {"a"}) == ["b", "c"], "a held (claimed, protected) checkpoint stays"
+    assert prune_plan(dirs, 2, {"e"}) == ["a", "b"], "and does not count towards keep"
+    assert prune_plan(dirs[:2], 2, set()) == [] and prune_plan(dirs[1:2], 1, set()) == []
+    now, alive = 1000.0, lambda pid: pid == 42
+    claim = {"holder": "ab12cd34", "host": "here", "pid": 42, "written_at": now - 10}
+    assert claim_holds(claim, now, "here", alive)
+    assert not claim_holds({**claim, "written_at": now - CLAIM_TTL_S - 1}, now, "here", alive), "not refreshed"
+    assert not claim_holds({**claim, "written_at": now + CLAIM_TTL_S + 1}, now, "here", alive), "a bogus time"
+    assert not claim_holds({**claim, "pid": 7}, now, "here", alive), "its holder is gone"
+    assert claim_holds({**claim, "pid": 7}, now, "elsewhere", alive), "another machine's holder: by time only"
+    assert not claim_holds("junk", now, "here", alive) and not claim_holds({**claim, "written_at": True}, now, "here",
+                                                                           alive)  # fmt: skip
+
+
+def test_a_claimed_checkpoint_outlives_pruning_until_its_claim_is_withdrawn_or_stale(tmp_path: Path):
+    store = CheckpointStore(str(tmp_path), "run", keep=2)
+    first = _write(store, 1, 0, 1, 1.0)
+    assert store.claim(first.path, "ab12cd34")
+    for seq in (2, 3):
+        _write(store, seq, 0, seq, 1.0)
+    assert [c.seq for c in store.complete()] == [1, 2, 3], "the claimed one is kept beside the newest 2"
+    claim_file = Path(first.path) / ".claim-ab12cd34.json"
+    claim = json.loads(claim_file.read_text())
+    claim_file.write_text(json.dumps({**claim, "written_at": claim["written_at"] - CLAIM_TTL_S - 1}))
+    _write(store, 4, 0, 4, 1.0)
+    assert [c.seq for c in store.complete()] == [3, 4] and not Path(first.path).exists(), "a stale claim holds nothing"
+    assert not store.claim(first.path, "ab12cd34"), "a pruned checkpoint cannot be claimed"
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    third = store.complete()[0]
+    assert store.claim(third.path, "ef56ab78")
+    claim_file = Path(third.path) / ".claim-ef56ab78.json"
+    claim_file.write_text(json.dumps({**json.loads(claim_file.read_text()), "pid": gone.pid}))
+    _write(store, 5, 0, 5, 1.0)
+    assert not Path(third.path).exists(), "its holder's process is gone"
+    fourth = store.complete()[0]
+    assert store.claim(fourth.path, "0123abcd")
+    _write(store, 6, 0, 6, 1.0)
+    assert Path(fourth.path, "manifest.json").is_file()
+    store.unclaim(fourth.path, "0123abcd")
+    _write(store, 7, 0, 7, 1.0)
+    assert [c.seq for c in store.complete()] == [6, 7]
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [Path(c.path).name for c in store.complete()]
+
+
+def test_removing_checkpoints_deletes_only_the_files_growpipe_wrote(tmp_path: Path):
+    """Pruning removes a checkpoint's own files and leaves a user's file (one line); a ckpt-* folder holding
+    anything else is named before a run starts, and --overwrite / a fresh run refuse to clear it."""
+    store = CheckpointStore(str(tmp_path), "run", keep=1)
+    first = _write(store, 1, 0, 1, 1.0)
+    (Path(first.path) / "notes.txt").write_text("mine")
+    lines: list[str] = []
+    _write(store, 2, 0, 2, 1.0, say=lines.append)
+    _write(store, 3, 0, 3, 1.0, say=lines.append)
+    assert os.listdir(first.path) == ["notes.txt"] and (Path(first.path) / "notes.txt").read_text() == "mine"
+    assert len(lines) == 1 and "ckpt-000001-0000000-0001 kept: it holds what growpipe did not write (notes.txt)" in (
+        lines[0]), lines  # fmt: skip
+    odd = tmp_path / "run" / "ckpt-000000-0000000-0009"
+    odd.mkdir()
+    (odd / "data.csv").write_text("x")
+    assert store.foreign() == ["ckpt-000000-0000000-0009/data.csv", "ckpt-000001-0000000-0001/notes.txt"]
+    why = run_folder_problem(store, fresh=True, overwrite=True)
+    assert why and "holds what growpipe did not write (ckpt-000000-0000000-0009/data.csv, ckpt-000001" in why
+    with pytest.raises(CheckpointError, match="refusing to remove its checkpoints"):
+        store.clear()
+    assert (odd / "data.csv").read_text() == "x" and store.latest() is not None
+    shutil.rmtree(odd)
+    (Path(first.path) / "notes.txt").unlink()
+    cut = Path(store.dir_for(4, 0, 4))  # a write cut short: shards and the manifest's temporary name
+    cut.mkdir()
+    (cut / "block-0.pt").write_bytes(b"x")
+    (cut / ".manifest.json.tmp").write_text("{")
+    assert store.foreign() == [] and store.clear() == 3 and os.listdir(tmp_path / "run") == []
+
+
+def test_a_fresh_run_or_overwrite_refuses_a_checkpoint_folder_holding_a_users_file(tmp_path: Path, capsys):
+    from growpipe.cli import main
+
+    user = tmp_path / "ck" / "mine" / "ckpt-000000-0000000-0001" / "notes.txt"
+    user.parent.mkdir(parents=True)
+    user.write_text("mine")
+    sets = ["name=mine", f"checkpoint.uri={tmp_path / 'ck'}", "checkpoint.enabled=true", "tracking.mlflow=false",
+            "data.limit_train=64", "data.limit_test=32", "net.width=16"]  # fmt: skip
+    for extra in ([], ["--overwrite"]):
+        code = main(["train", "--runtime", "local", "-q", *[a for kv in sets for a in ("--set", kv)], *extra])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and err.startswith("growpipe train: error: 1 problem(s) before the run"), err
+        assert "holds what growpipe did not write (ckpt-000000-0000000-0001/notes.txt)" in err, err
+    assert user.read_text() == "mine"
+
+
+def _undeletable(path: Path) -> None:
+    """Make entries in folder `path` impossible to remove (root ignores permission bits: the immutable flag)."""
+    if os.geteuid() != 0:
+        path.chmod(0o555)
+    elif subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+        pytest.skip("running as root where chattr +i is not available: no way to make a folder read-only")
+
+
+def _deletable(path: Path) -> None:
+    if os.geteuid() != 0:
+        path.chmod(0o755)
+    else:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+def test_a_checkpoint_that_cannot_be_pruned_is_one_line_and_the_run_goes_on(tmp_path: Path):
+    """A real run whose first checkpoint folder turns read-only: pruning it fails, said once, and the run
+    finishes with every later checkpoint written."""
+    from growpipe.local import train_local
+    from tests.conftest import tiny_config
+
+    cfg = tiny_config(method="dascpl", name="ro", train={"epochs": 3},
+                      checkpoint={"enabled": True, "uri": str(tmp_path), "every_epochs": 1})  # fmt: skip
+    lines: list[str] = []
+    frozen: list[Path] = []
+
+    def on_line(line: str) -> None:
+        lines.append(line)
+        if line.startswith("ckpt   ckpt-") and not frozen:
+            frozen.append(tmp_path / "ro" / line.split()[1])
+            _undeletable(frozen[0])
+
+    try:
+        run = train_local(cfg, progress=on_line)
+    finally:
+        for path in frozen:
+            _deletable(path)
+    said = [line for line in lines if "could not be removed" in line]
+    assert len(said) == 1 and frozen[0].name in said[0] and "the run goes on" in said[0], lines
+    assert run.result["epochs"] == 3
+    store = CheckpointStore(str(tmp_path), "ro")
+    assert store.latest().epoch == 3 and Path(frozen[0], "manifest.json").is_file()
+
+
+class _Payload:
+    """A pickled object that runs code when unpickled without weights_only (here: a harmless call)."""
+
+    def __reduce__(self):
+        return (os.getpid, ())
+
+
+def _damage(ckpt: Path, how: str) -> str:
+    """Damage checkpoint folder `ckpt`'s first shard: `hostile` (a pickle payload, its hash fixed up in the
+    manifest), `truncated` (hash fixed up too) or `hash` (the manifest's SHA-256 edited); the shard's name."""
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    entry = manifest["shards"][0]
+    shard = ckpt / entry["file"]
+    if how == "hostile":
+        buf = io.BytesIO()
+        torch.save({"blocks": {str(i): _Payload() for i in entry["blocks"]}}, buf)
+        shard.write_bytes(buf.getvalue())
+    elif how == "truncated":
+        shard.write_bytes(shard.read_bytes()[:100])
+    entry["sha256"] = hashlib.sha256(shard.read_bytes()).hexdigest() if how != "hash" else "0" * 64
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    return entry["file"]
+
+
+def test_a_damaged_or_hostile_checkpoint_is_one_line_naming_the_file_and_resume_goes_back_to_a_whole_one(
+    tmp_path: Path, capsys
+):
+    """evaluate and --resume on a checkpoint whose shard is a pickle payload (its hash fixed up): one line
+    naming the file, never torch's hint to load it unsafely (exit 2); --resume goes back to the newest whole
+    checkpoint (keep: 2) and says so, and refuses (exit 2) when none is whole."""
+    from growpipe.cli import main
+
+    sets = ["name=back", f"checkpoint.uri={tmp_path}", "checkpoint.enabled=true", "tracking.mlflow=false",
+            "data.limit_train=256", "data.limit_test=64", "net.width=32", "al.code_dim=8",
+            "train.epochs=2"]  # fmt: skip
+    args = [a for kv in sets for a in ("--set", kv)]
+    assert main(["train", "--runtime", "local", "-q", *args]) == 0
+    capsys.readouterr()
+    store = CheckpointStore(str(tmp_path), "back")
+    older, newest = store.complete()
+    shard = _damage(Path(newest.path), "hostile")
+    assert main(["evaluate", "--checkpoint", newest.path]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{shard} holds a pickled object" in err and "weights_only" not in err, err
+    resume = ["--resume", "back", "--set", f"checkpoint.uri={tmp_path}", "--set", "train.epochs=3"]
+    assert main(["train", "--runtime", "local", *resume]) == 0
+    out = capsys.readouterr().out
+    said = [line for line in out.splitlines() if "damaged" in line and line.startswith("resume back:")]
+    assert len(said) == 1 and Path(older.path).name in said[0] and shard in said[0], out
+    assert f"resume {older.path}: epoch {older.epoch}" in out, "trained on from the whole one"
+    assert "set aside as manifest.json.damaged" in said[0], said
+    assert store.latest().epoch == 3 and store.latest().seq > newest.seq, "new checkpoints numbered past it"
+    assert not Path(newest.path).exists(), "pruned as an old checkpoint once newer ones were written"
+    for ref in store.complete():
+        _damage(Path(ref.path), "truncated")
+    assert main(["train", "--runtime", "local", *resume]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--resume back: no checkpoint of the run is whole" in err, err
+    assert "is not a readable torch file" in err, err

@@ -248,7 +248,9 @@ def test_evaluate_reads_run_checkpoints_and_refuses_a_damaged_saved_net(tmp_path
 
 
 @pytest.mark.usefixtures("ray_session")
-def test_a_missing_ray_auth_token_is_named_with_the_fix(tmp_path: Path):
+def test_a_refused_ray_auth_token_is_named_with_the_fix_at_once(tmp_path: Path):
+    """No token, another cluster's token: one line that says the cluster refused it (never "no cluster
+    answered"), without the ~25 s of Ray's retries and their log lines."""
     import os
     import subprocess
     import sys
@@ -256,12 +258,33 @@ def test_a_missing_ray_auth_token_is_named_with_the_fix(tmp_path: Path):
     import ray
 
     address = ray.get_runtime_context().gcs_address  # the session's Ray: token auth on (Ray 2.60)
-    env = {**os.environ, "HOME": str(tmp_path), "RAY_AUTH_MODE": "token"}  # a home without ~/.ray/auth_token
-    env.pop("RAY_AUTH_TOKEN", None)
-    out = subprocess.run([sys.executable, "-m", "growpipe.cli", "grow", "--run", "x", "--address", address],
-                         env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert out.returncode == 2
-    assert "uses token authentication and no token was found here" in out.stderr and "~/.ray/auth_token" in out.stderr
+    (tmp_path / "other_token").write_text("0123456789abcdef0123456789abcdef")
+    no_token = {"HOME": str(tmp_path), "RAY_AUTH_MODE": "token"}  # a home without ~/.ray/auth_token
+    wrong_token = {"RAY_AUTH_TOKEN_PATH": str(tmp_path / "other_token")}  # RAY_AUTH_MODE unset: offered anyway
+    for extra, found in ((no_token, "no token was found here"), (wrong_token, "the token here is not its own")):
+        env = {**{k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_TOKEN", "RAY_AUTH_MODE")}, **extra}
+        out = subprocess.run([sys.executable, "-m", "growpipe.cli", "grow", "--run", "x", "--address", address],
+                             env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+            f"growpipe grow: error: --address {address}: the Ray cluster at {address} refused this process (it uses "
+            f"token authentication and {found}); put the cluster's token in ~/.ray/auth_token (or RAY_AUTH_TOKEN / "
+            "RAY_AUTH_TOKEN_PATH) and set RAY_AUTH_MODE=token"
+        ], out.stderr
+
+
+def test_grow_without_an_address_or_a_record_of_the_run_guesses_no_cluster(tmp_path: Path):
+    import subprocess
+    import sys
+
+    env = {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, "GROWPIPE_WORKDIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-m", "growpipe.cli", "grow", "--run", "unknown"], env=env,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        f"growpipe grow: error: --run unknown: no record of the cluster it runs on ({tmp_path}/runs/clusters/"
+        f"unknown.json or {Path('~/growpipe_results').expanduser()}/runs/clusters/unknown.json) and no --address or "
+        "RAY_ADDRESS; give the cluster's address (--address HOST:PORT, or --address auto for the newest Ray on "
+        "this machine)"
+    ], out.stderr
 
 
 def test_a_job_in_rays_temporary_working_directory_keeps_its_results_in_a_durable_default(tmp_path, monkeypatch,
@@ -325,7 +348,7 @@ def test_grow_asks_the_cluster_given_else_the_one_the_run_recorded(tmp_path: Pat
     assert choose_cluster("ray://h:10001", "1.2.3.4:6379", recorded) == ("ray://h:10001", "--address ray://h:10001")
     assert choose_cluster(None, "1.2.3.4:6379", recorded) == ("1.2.3.4:6379", "RAY_ADDRESS=1.2.3.4:6379")
     assert choose_cluster(None, None, recorded) == ("10.0.0.5:6379", f"recorded when the run started, {path}")
-    assert choose_cluster(None, None, None)[0] == "auto"
+    assert choose_cluster(None, None, None) is None  # never a guess
     (tmp_path / "b" / "clusters" / "r.json").write_text("{not json")
     assert recorded_address("r", [tmp_path / "b"]) is None
 
@@ -367,3 +390,55 @@ def test_what_bp_on_ray_needs_is_listed_with_the_rest(tmp_path: Path):
     assert lines[0] == "2 problem(s) before the run" and len(lines) == 3, lines
     assert lines[1].startswith("  data.batch_size: an epoch has 1 batch(es) for 3 stages; 1F1B needs")
     assert lines[2].startswith(f"  --json-out {tmp_path}: is a folder")
+
+
+def test_an_address_where_no_cluster_answers_is_one_line_before_ray_starts(tmp_path: Path):
+    """ray.init waits minutes for a GCS that is not there (was: still waiting at 290 s): the address is probed
+    first (the command in a process of its own: this one may be connected to the test session's Ray)."""
+    import subprocess
+    import sys
+    import time
+
+    from growpipe.prepare import cluster_problem
+
+    out = tmp_path / "r.json"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "growpipe.cli", "train", *FAST, "--address", "127.0.0.1:1",
+                           "--json-out", str(out)], env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2 and done.stderr.splitlines() == [
+        "growpipe train: error: 1 problem(s) before the run",
+        "  --address 127.0.0.1:1: no Ray cluster answers there (Connection refused); check the host and port (the "
+        "head's GCS port, 6379 by default) and that the cluster is up, or leave --address out for an embedded local "
+        "Ray"], done.stderr  # fmt: skip
+    assert time.monotonic() - start < 60 and not out.exists() and list(tmp_path.iterdir()) == []
+    assert cluster_problem(None, "127.0.0.1:1") == (
+        "RAY_ADDRESS=127.0.0.1:1: no Ray cluster answers there (Connection refused); check the address and that the "
+        "cluster is up, or unset RAY_ADDRESS for an embedded local Ray")  # fmt: skip
+    assert cluster_problem(None, None) is None and cluster_problem("auto", None) is None  # nothing to probe
+
+
+def test_a_net_too_big_for_the_machine_is_refused_naming_the_field_before_ray_starts(tmp_path: Path, capsys):
+    import psutil
+
+    from growpipe.memory import memory_problem, run_memory
+
+    out = tmp_path / "r.json"
+    for sets, field in ((["net.width=100000000"], "net.width"), (["al.code_dim=100000000"], "al.code_dim"),
+                        (["net.width=10000000000"], "net.width")):  # fmt: skip
+        code = main(["train", *FAST[2:], *(a for kv in sets for a in ("--set", kv)), "--json-out", str(out)])
+        err = capsys.readouterr().err.splitlines()
+        assert code == 2 and err[0].endswith("1 problem(s) before the run") and len(err) == 2, err
+        assert err[1].startswith(f"  {field}: ") and err[1].endswith(f"lower {field}" + (
+            ", or join a cluster of bigger nodes with --address" if "PiB" in err[1] else "")), err  # fmt: skip
+    assert not out.exists()
+    from growpipe.config import load_config
+
+    big = load_config(None, ["net.width=100000000"])
+    total, largest, _ = run_memory(big)
+    assert largest < total and total > 1e16 * 16  # the 1e8 x 1e8 layer of block 2 with its Adam state
+    problem, warning = memory_problem(big, here=False)  # on a cluster: said, not refused; nodes may be larger
+    assert problem is None and warning.startswith("warn   net.width: the run needs at least ")
+    have = psutil.virtual_memory().total
+    assert memory_problem(load_config(None, ["net.width=4096", "net.blocks=3"]), here=True) == (None, None)
+    assert run_memory(load_config(None, ["net.width=4096", "net.blocks=3"]))[0] < have

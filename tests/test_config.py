@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -263,3 +264,67 @@ def test_a_missing_base_is_one_line_and_exit_2_from_the_command(tmp_path: Path, 
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"growpipe train: error: {config} line 1: base: {tmp_path}/nowhere/common.yaml: no such file; "
                    f"give a YAML file relative to {tmp_path} (this file's folder) or an absolute path"]  # fmt: skip
+
+
+def _float_fields(model: type, prefix: str = "") -> list[str]:
+    """Every float field (float, float | None, list[float]) of a config model and its sections, dotted."""
+    import typing
+
+    from pydantic import BaseModel
+
+    out = []
+    for name, field in model.model_fields.items():
+        kinds = typing.get_args(field.annotation) or (field.annotation,)
+        sections = [k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)]
+        if sections and name != "normalize":  # data.normalize checks its own entries (test_data)
+            out += _float_fields(sections[0], f"{prefix}{name}.")
+        elif float in kinds or any(typing.get_args(k) == (float,) for k in kinds):
+            out.append(f"{prefix}{name}")
+    return out
+
+
+def test_inf_and_nan_are_refused_in_every_float_field_naming_it():
+    fields = _float_fields(RunConfig)
+    assert {"train.lr", "runtime.cpus_per_stage", "eval.thresholds", "grow.cache.max_memory_mb"} <= set(fields)
+    for field in fields:
+        for value in ("inf", "-.inf", ".nan"):
+            listed = f"[{value}]" if field == "eval.thresholds" else value
+            with pytest.raises(ConfigError) as e:
+                load_config(None, [f"{field}={listed}"])
+            lines = str(e.value).splitlines()
+            said = rf"  {re.escape(field)}(\.0)?: got (-?inf|nan); give a finite number"
+            assert len(lines) == 2 and re.match(said, lines[1]), lines
+
+
+def test_a_key_given_twice_is_refused_naming_it_and_both_lines(tmp_path: Path, capsys):
+    from growpipe.cli import main
+
+    config = _write(tmp_path / "run.yaml", "method: scpl\ntrain:\n  lr: 0.1\n  epochs: 2\n  lr: 0.5\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(config)
+    assert str(e.value) == (f"{config} line 5: train.lr is given twice (also at line 3); YAML keeps only the last, so "
+                            "keep the one you mean and delete the other")  # fmt: skip
+    _write(tmp_path / "base.yaml", "seed: 1\nseed: 2\n")
+    child = _write(tmp_path / "child.yaml", "base: base.yaml\nmethod: scpl\n")
+    with pytest.raises(ConfigError, match=r"base.yaml line 2: seed is given twice \(also at line 1\)"):
+        load_config(child)
+    merged = _write(tmp_path / "anchors.yaml", "common: &c {lr: 0.1}\ntrain:\n  <<: *c\n  lr: 0.2\n")
+    assert "given twice" not in str(pytest.raises(ConfigError, load_config, merged).value)  # a merge may repeat
+    assert main(["train", "--runtime", "local", "--config", str(config)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "train.lr is given twice" in err[0]
+
+
+def test_a_bad_value_from_set_is_said_to_come_from_set_not_from_the_files_line(tmp_path: Path):
+    from growpipe.prepare import read_config
+
+    config = _write(tmp_path / "run.yaml", "method: sgd\ntrain:\n  lr: 0.1\n  epochs: 2\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(config, ["train.lr=-1"])
+    text = str(e.value)
+    assert "method (line 1): got 'sgd'" in text and "train.lr (--set train.lr=-1): Input should be greater" in text
+    assert "line 3" not in text
+    _, problems = read_config(str(config), ["train={lr: inf}"])  # a whole section set: its keys come from --set
+    assert problems[1] == ("train.lr (--set train={lr: inf}): got inf; give a finite number (inf and nan are not "
+                           "values a run can use)")  # fmt: skip
+    assert read_config(None, ["net.width=0"])[1][0].startswith("net.width: ")  # no file: all from --set

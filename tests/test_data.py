@@ -59,17 +59,19 @@ def test_missing_data_directory_names_the_field(tmp_path: Path):
 
 
 def test_newsgroups_parquet_and_vocabulary(text_dir: Path):
-    b = load_data(DataSpec(name="20newsgroups", root=str(text_dir), vocab_size=10, max_len=16))
-    assert b.kind == "text" and b.input_shape == (16,) and b.input_dtype == "long"
+    b = load_data(DataSpec(name="20newsgroups", root=str(text_dir), vocab_size=10, max_len=12))
+    assert b.kind == "text" and b.input_shape == (12,) and b.input_dtype == "long"
     assert len(b.vocab) == 10 and b.vocab.itos[:2] == ["<pad>", "<unk>"]
     assert b.class_names == ["topic0", "topic1", "topic2"]
-    assert (b.train.x[:, 15] == 0).all()  # 15 tokens per document: padded at the end
+    assert (b.train.x[:, 11] != 0).all()  # 15 tokens per document: cut at 12
+    whole = load_data(DataSpec(name="20newsgroups", root=str(text_dir), max_len=1_000_000_000))
+    assert whole.input_shape == (15,) and (whole.train.x[:, 14] != 0).all()  # padded to the longest, not max_len
 
 
 def test_lengths_and_vocabulary_chosen_from_the_data(text_dir: Path):
     assert kept_length([3, 10, 20, 40], cap=100, percentile=50) == 10
     assert kept_length([3, 10, 20, 40], cap=30, percentile=100) == 30 and kept_length([1, 2], 30, 95) == 4
-    assert kept_length([3, 10], cap=30, percentile=None) == 30
+    assert kept_length([3, 10], cap=30, percentile=None) == 10 and kept_length([3, 10], cap=8, percentile=None) == 8
     lengths: list[int] = []
     v = Vocab.build(["a b b c", "b c z"], size=10, min_count=2, lengths=lengths)
     assert v.itos == ["<pad>", "<unk>", "b", "c"] and lengths == [4, 3]  # a and z were seen once
@@ -168,11 +170,11 @@ def test_missing_label_column(text_dir: Path):
 
 def test_text_chunks_feature_groups(text_dir: Path):
     groups = FeatureGroupsSpec(scheme="chunks", count=4, base=1)
-    b = load_data(DataSpec(name="20newsgroups", root=str(text_dir), max_len=16, feature_groups=groups))
-    assert b.input_shape == (4,) and sorted(b.train.side) == ["chunk1", "chunk2", "chunk3"]
-    assert b.side_shape("chunk2") == (4,) and b.side_dtype("chunk2") == "long"
+    b = load_data(DataSpec(name="20newsgroups", root=str(text_dir), max_len=12, feature_groups=groups))
+    assert b.input_shape == (3,) and sorted(b.train.side) == ["chunk1", "chunk2", "chunk3"]
+    assert b.side_shape("chunk2") == (3,) and b.side_dtype("chunk2") == "long"
     p = next(iterate_batches(b.train, 8, shuffle=False, side_groups=("chunk3",)))
-    assert set(p.side) == {"chunk3"} and p.side["chunk3"].shape == (8, 4)
+    assert set(p.side) == {"chunk3"} and p.side["chunk3"].shape == (8, 3)
 
 
 def test_columns_feature_groups(tmp_path: Path):
@@ -370,3 +372,87 @@ def test_the_cli_refuses_garbage_inputs_with_one_line_and_exit_2(tmp_path: Path,
         assert main([*run, *extra]) == 2
         err = capsys.readouterr().err
         assert needle in err and "Traceback" not in err and "function-after" not in err, err
+
+
+def _text_parquets(folder: Path, labels: list[int] | None = None) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    train, test = text_frames()
+    if labels is not None:
+        train = train.assign(label=[labels[i % len(labels)] for i in range(len(train))])
+    train.to_parquet(folder / "train.parquet")
+    test.to_parquet(folder / "test.parquet")
+    return folder
+
+
+def test_a_damaged_parquet_file_is_named_before_anything_reads_it(tmp_path: Path, capsys):
+    from growpipe.cli import main
+    from growpipe.data.presence import data_problem
+
+    folder = _text_parquets(tmp_path / "news")
+    whole = (folder / "test.parquet").read_bytes()
+    (folder / "test.parquet").write_bytes(whole[: len(whole) // 2])  # cut short: no footer
+    for spec in (DataSpec(name=f"parquet:{folder}"), DataSpec(name="20newsgroups", root=str(folder))):
+        with pytest.raises(DataError, match=f"^{re.escape(str(folder / 'test.parquet'))}: not a readable parquet file"):
+            load_data(spec)
+    why = data_problem(DataSpec(name=f"parquet:{folder}"))  # what train lists before Ray starts
+    assert why is not None and why.startswith(f"{folder}/test.parquet: not a readable parquet file (")
+    assert why.endswith("replace it with a whole parquet file (copy or export it again)") and "\n" not in why
+    out = tmp_path / "r.json"
+    assert main(["train", "--set", f"data.name=parquet:{folder}", "--set", "tracking.mlflow=false",
+                 "--json-out", str(out)]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert f"{folder}/test.parquet: not a readable parquet file" in err and "Traceback" not in err
+    assert not out.exists()
+    (folder / "test.parquet").write_bytes(whole)
+    inside = bytearray((folder / "train.parquet").read_bytes())
+    inside[100:400] = b"\xab" * 300  # its footer whole, its data not: found when the rows are read
+    (folder / "train.parquet").write_bytes(bytes(inside))
+    for spec in (DataSpec(name=f"parquet:{folder}"), DataSpec(name="20newsgroups", root=str(folder))):
+        with pytest.raises(DataError, match=f"^{re.escape(str(folder / 'train.parquet'))}: not a readable parquet"):
+            load_data(spec)
+
+
+def test_a_split_file_that_is_a_folder_is_said_to_be_one(tmp_path: Path):
+    from growpipe.data.presence import data_problem
+
+    folder = _text_parquets(tmp_path / "news")
+    (folder / "train.parquet").unlink()
+    (folder / "train.parquet").mkdir()
+    why = data_problem(DataSpec(name=f"parquet:{folder}"))
+    assert why is not None and why.startswith(f"data.name: {folder}/train.parquet is a folder, not a file; ")
+    with pytest.raises(DataError, match="train.parquet is a folder, not a file"):
+        load_data(DataSpec(name=f"parquet:{folder}"))
+
+
+def test_training_data_of_one_class_is_refused_before_the_run_and_at_load(tmp_path: Path):
+    from growpipe.data.presence import data_problem
+
+    folder = _text_parquets(tmp_path / "news", labels=[2])
+    why = data_problem(DataSpec(name=f"parquet:{folder}"))  # read from the label column, before Ray starts
+    assert why == (f"data.name: every one of the 60 training rows of {folder}/train.parquet is of class 2; a "
+                   "classifier needs at least 2 classes to learn: point data.name at data with 2 or more classes, "
+                   "or relabel it")  # fmt: skip
+    with pytest.raises(DataError, match="every one of the 60 training rows of .* is of class 'topic2'"):
+        load_data(DataSpec(name=f"parquet:{folder}", num_classes=3))
+    frame = pd.DataFrame({"a": np.linspace(0, 1, 12), "label": ["cat", "dog"] * 6})
+    spec = _csvs(tmp_path, frame, frame)
+    assert load_data(spec).num_classes == 2
+    with pytest.raises(DataError, match=r"of class 'cat'; .* \(after data.limit_train and data.val_fraction\)"):
+        load_data(spec.model_copy(update={"limit_train": 1}))  # what is left of it holds one class
+    single = _csvs(tmp_path, frame.assign(label="cat"), frame.assign(label="cat"))
+    with pytest.raises(DataError, match=f"every one of the 12 training rows of csv:{tmp_path} is of class 'cat'"):
+        load_data(single)
+
+
+def test_a_token_matrix_too_big_for_the_machine_names_max_len(text_dir: Path, monkeypatch):
+    import psutil
+
+    class Small:  # a machine of 1 KiB: the 90 documents of 15 words padded to 15 ids each take 10.5 KiB
+        total = 1024
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: Small())
+    with pytest.raises(DataError) as e:
+        load_data(DataSpec(name="20newsgroups", root=str(text_dir), max_len=1_000_000_000))
+    assert str(e.value).startswith("data.max_len: 90 documents of 15 token ids each (15 words kept per document, "
+                                   "at most data.max_len=1,000,000,000) need ")  # fmt: skip
+    assert str(e.value).endswith("; lower data.max_len or set data.max_len_percentile (e.g. 95)")

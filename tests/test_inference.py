@@ -57,3 +57,27 @@ def test_shortcut_and_full_path_predictions_of_a_trained_net():
     assert full.shape == short.shape == (50, 10)
     with pytest.raises(ValueError, match="has no exit"):
         r.net.predict(x, depth=5)
+
+
+def test_the_automatic_exit_threshold_never_costs_more_than_the_full_path():
+    from growpipe.nn.inference import chosen_threshold
+
+    def table(*rows: tuple[float, float, float]) -> dict:
+        adaptive = [{"threshold": t, "accuracy": a, "macs_saved_fraction": s} for t, a, s in rows]
+        return {"full_accuracy": 0.90, "adaptive": adaptive}
+
+    # the lowest threshold within half a point that saves compute; 0.5 loses accuracy, 0.99 costs more
+    assert chosen_threshold(table((0.5, 0.80, 0.7), (0.9, 0.899, 0.3), (0.99, 0.90, -0.39)), None) == 0.9
+    # accurate enough only where it costs more than the full path (an AL run of 3 epochs): the full path
+    assert chosen_threshold(table((0.5, 0.70, 0.7), (0.99, 0.90, -0.394)), None) is None
+    assert chosen_threshold(table(), None) is None
+    assert chosen_threshold(table((0.99, 0.90, -0.39)), 0.99) == 0.99  # eval.exit_threshold is the user's
+
+
+def test_early_exit_at_the_full_path_is_reported_as_such():
+    from growpipe.report import format_exits
+
+    early = {"threshold": None, "accuracy": 0.9, "full_path_seconds_per_sample": 1e-5}
+    ev = {"exit_depths": [1, 2], "exit_accuracy": [0.5, 0.9], "macs_per_exit": [10, 20], "confidence": "max_prob",
+          "adaptive": [], "early_exit": early}  # fmt: skip
+    assert "the full path answers (0.9000, 10.0 us/sample)" in format_exits(ev)

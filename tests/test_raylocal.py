@@ -1,6 +1,7 @@
 """raylocal/: cluster.yaml is a valid config for Ray's cluster launcher (its own JSON schema); up records every
 process of its head and checks that the job agent answering is its own; down ends exactly those processes, and
-keeps its record while a recorded pid it cannot confirm still runs; the head listens where the README says."""
+keeps its record while a recorded pid it cannot confirm still runs. A real head's processes, where they listen and
+that down ends them all: tests/test_jobs.py, on the head its documented commands run on."""
 
 import http.server
 import importlib.util
@@ -269,54 +270,6 @@ def _listening(pids: Iterable[int]) -> dict[int, set[str]]:
     return on
 
 
-def test_up_records_every_process_of_the_head_and_down_leaves_none(tmp_path: Path):
-    """A real head on free ports: every process of it (client server, dashboard agent, runtime-env agent
-    included) is recorded, the ports we choose listen where raylocal/README.md says, and after down none runs,
-    while a process that merely mentions the head's temp dir (what `pkill -f` matched before) is left alone."""
-    env = _head_env(tmp_path)
-    state = Path(env["RAYLOCAL_STATE"])
-    up = subprocess.run([REPO / "raylocal" / "up"], env=env, capture_output=True, text=True, timeout=120)
-    assert up.returncode == 0, up.stdout + up.stderr  # a failing up stops its head itself
-    bystander = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(600)", f"/tmp/raylocal-{env['RAY_PORT']}/"]
-    )
-    recorded, found = {}, set()
-    try:
-        recorded = head.recorded(state)
-        found = _processes_of(env["RAY_PORT"]) - {bystander.pid}
-        # workers started after up took its record are children of recorded processes (down ends those too)
-        covered = head.family({p.pid: p.info["ppid"] for p in psutil.process_iter(["ppid"])}, recorded)
-        assert found and found <= covered, [psutil.Process(p).cmdline()[:1] for p in found - covered]
-        labels = {head.label(psutil.Process(p).cmdline(), psutil.Process(p).name()) for p in recorded}
-        assert {
-            "gcs_server",
-            "raylet",
-            "ray.util.client.server",
-            "ray::DashboardAgent",
-            "ray::RuntimeEnvAgent",
-        } <= labels
-        on = _listening(recorded)
-        machine = ray.util.get_node_ip_address()  # the machine's address: the node address Ray picks
-        port = {k: int(env[k]) for k in ("RAY_PORT", "RAY_DASHBOARD_PORT", "RAY_AGENT_PORT", "RAY_CLIENT_PORT")}
-        assert machine != "127.0.0.1" and on[port["RAY_PORT"]] in ({"::"}, {"0.0.0.0"})  # the GCS: all interfaces
-        assert on[port["RAY_DASHBOARD_PORT"]] == {"127.0.0.1"}
-        assert on[port["RAY_AGENT_PORT"]] == on[port["RAY_CLIENT_PORT"]] == {"127.0.0.1", machine}
-        assert set().union(*on.values()) <= {"127.0.0.1", machine, "0.0.0.0", "::"}
-    finally:
-        down = subprocess.run([REPO / "raylocal" / "down"], env=env, capture_output=True, text=True, timeout=60)
-    try:
-        assert down.returncode == 0 and f"ray head on 127.0.0.1:{env['RAY_PORT']} stopped: " in down.stdout, down
-        for name in ("gcs_server", "ray.util.client.server", "ray::DashboardAgent", "ray::RuntimeEnvAgent"):
-            assert f"{name} " in down.stdout
-        assert [p for p in {*recorded, *found} if not _gone(p)] == []
-        assert not _gone(bystander.pid)
-        assert not state.exists()
-    finally:
-        bystander.kill()
-        bystander.wait()
-        shutil.rmtree(f"/tmp/raylocal-{env['RAY_PORT']}", ignore_errors=True)  # the head's logs
-
-
 def test_up_fails_in_one_line_and_leaves_nothing_when_something_else_listens_on_the_agent_port(tmp_path: Path):
     """A listener on [::1]:RAY_AGENT_PORT: up's free-port check (127.0.0.1) and the agent's own bind both succeed,
     but the port is not the head's alone, so up stops its head and says who else listens there."""
@@ -337,3 +290,15 @@ def test_up_fails_in_one_line_and_leaves_nothing_when_something_else_listens_on_
     assert _processes_of(env["RAY_PORT"]) == set()
     assert not Path(env["RAYLOCAL_STATE"]).exists()
     shutil.rmtree(f"/tmp/raylocal-{env['RAY_PORT']}", ignore_errors=True)
+
+
+def test_up_refuses_a_results_folder_that_does_not_exist_before_it_starts_anything(tmp_path: Path):
+    """Every job on the head inherits up's GROWPIPE_WORKDIR: one that is not there is one line, exit 2."""
+    env = {**_head_env(tmp_path), "GROWPIPE_WORKDIR": str(tmp_path / "missing")}
+    up = subprocess.run([REPO / "raylocal" / "up"], env=env, capture_output=True, text=True, timeout=60)
+    assert up.returncode == 2 and up.stdout == "", up.stdout + up.stderr
+    assert up.stderr.splitlines() == [
+        f"raylocal/up: GROWPIPE_WORKDIR={tmp_path / 'missing'} is not a directory; give an existing one for the jobs' "
+        "results (mkdir it) or unset it (this checkout)"
+    ]
+    assert _processes_of(env["RAY_PORT"]) == set() and not Path(env["RAYLOCAL_STATE"]).exists()

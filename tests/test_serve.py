@@ -85,16 +85,24 @@ def test_http_and_handle_answer_with_the_nets_early_exit_and_bad_requests_get_40
 
 
 def test_following_a_growing_run_serves_every_checkpoint_in_place_with_no_failed_request(served, raw_rows, tmp_path):
-    """A real run (reference trainer, checkpoint every epoch, two growths) is followed while four clients send
-    requests without pause. Serving starts at the run's first checkpoint and the run holds at each checkpoint
-    until answers carry it (a gate, not a bet on speed); a damaged checkpoint is skipped and the version before
-    it keeps answering."""
+    """A real run (reference trainer, the default checkpointing: every epoch, keep 2; two growths) is followed
+    while four clients send requests without pause. Serving starts at the run's first checkpoint, held by a
+    claim, while the run goes on unhindered past two more checkpoints (which prune everything older but what
+    is claimed): the first replica still loads it. From then on the run holds at each checkpoint until answers
+    carry it (a gate, not a bet on speed); a damaged checkpoint is skipped and the version before it keeps
+    answering; the claims are withdrawn at the end."""
+    from dataclasses import replace
+
+    from growpipe.serve.deploy import Claims
+
     ck_uri = tmp_path / "checkpoints"
     cfg = tiny_config(method="dascpl", name="growing", train={"epochs": 2},
                       checkpoint={"enabled": True, "uri": str(ck_uri), "every_epochs": 1},
                       grow={"schedule": [{"kind": "layer", "epochs": 1}, {"kind": "layer", "epochs": 1}]})  # fmt: skip
+    assert cfg.checkpoint.keep == 2
     store = CheckpointStore(str(ck_uri), "growing")
-    stop, lines, answers, failures = threading.Event(), [], [], []
+    claims = Claims(store)
+    stop, lines, answers, failures, started, written = threading.Event(), [], [], [], [], []
     url = f"http://127.0.0.1:{served.port}/predict"
     body = json.dumps({"inputs": raw_rows[:8].tolist()}).encode()
     threads: list[threading.Thread] = []
@@ -108,27 +116,44 @@ def test_following_a_growing_run_serves_every_checkpoint_in_place_with_no_failed
                 continue
             (answers if code == 200 else failures).append(answer)
 
-    def served_now(ckpt: str, deadline_s: float = 120.0) -> None:
+    clients = [threading.Thread(target=client) for _ in range(4)]
+
+    def serve_and_follow(source) -> None:
+        """What serve --run --follow does once Ray is up: deploy the held checkpoint, then follow the run."""
+        try:
+            started.append(start(source, served, claims=claims, say=lines.append))
+        except Exception as e:  # said to the gate below, which fails the test with it
+            started.append(e)
+            return
+        for t in clients:
+            t.start()
+        while not answers and not failures and not stop.is_set():  # answers of the first version, then follow
+            time.sleep(0.01)
+        follow(replace(source, ref=started[0]["source"]), served, lines.append, 0.1, stop.is_set, claims=claims)
+
+    def served_now(ckpt: str, deadline_s: float = 180.0) -> None:
         """The gate: hold the run until answers carry checkpoint `ckpt` (fails after a generous deadline)."""
         end = time.monotonic() + deadline_s
         while not any(a["version"]["checkpoint"] == ckpt for a in answers[-8:]):
+            assert not (started and isinstance(started[0], Exception)), started
             assert time.monotonic() < end, f"{ckpt} not served; follower said {lines}"
             time.sleep(0.05)
 
     def on_line(line: str) -> None:
-        if not line.startswith("ckpt"):
+        if not line.startswith("ckpt   ckpt-"):
             return
-        if not threads:  # the run's first checkpoint: start serving it, following the run, under load
+        written.append(line.split()[1])
+        if len(written) == 1:  # the run's first checkpoint: hold it, serve it, follow the run; the run goes on
             source = resolve("growing", None, None, str(ck_uri), None)
-            start(source, served)
-            threads.append(threading.Thread(target=follow, args=(source, served, lines.append, 0.1, stop.is_set)))
-            threads.extend(threading.Thread(target=client) for _ in range(4))
-            for t in threads:
-                t.start()
-        served_now(line.split()[1])
+            assert claims.hold(source.ref)
+            threads.append(threading.Thread(target=serve_and_follow, args=(source,)))
+            threads[0].start()
+        elif len(written) > cfg.checkpoint.keep:  # the first one is past `keep`: from here the run waits for each
+            served_now(written[-1])
 
     try:
         train_local(cfg, progress=on_line)
+        assert started[0]["version"]["checkpoint"] == written[0], "the first replica loaded what was held"
         newest = store.latest()
         assert newest is not None
         # a damaged checkpoint after the newest: skipped with a line; the newest keeps answering
@@ -145,14 +170,16 @@ def test_following_a_growing_run_serves_every_checkpoint_in_place_with_no_failed
         served_now(Path(newest.path).name)
     finally:
         stop.set()
-        for t in threads:
+        for t in threads + [c for c in clients if c.ident]:  # the clients that started
             t.join(timeout=120)
+        claims.close()
     assert failures == [], failures[:3]
     assert {a["version"]["blocks"] for a in answers} == {2, 3, 4}, "answered before and after each growth"
     for a in answers:
         assert max(a["exit_depth"]) == a["version"]["blocks"], "each answer wholly from the version it names"
     assert replica_status()["source"] == newest.path
-    assert any(line.startswith("skip") and bad.name in line for line in lines), lines
+    assert [line for line in lines if line.startswith("skip")] == [next(li for li in lines if bad.name in li)], lines
+    assert list(ck_uri.rglob(".claim-*")) == [], "no claim outlives the server"
 
 
 @pytest.mark.parametrize("method", ["dascpl", "al"])

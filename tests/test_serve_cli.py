@@ -3,16 +3,19 @@ decision; no Ray here."""
 
 from __future__ import annotations
 
+import shutil
 import socket
+from pathlib import Path
 
 import pytest
 import yaml
 
-from growpipe.checkpoint import save_net
+from growpipe.checkpoint import CheckpointStore, save_net
 from growpipe.cli import main
 from growpipe.local import train_local
 from growpipe.serve.follow import next_checkpoint
 from tests.conftest import tiny_config
+from tests.test_checkpoints import _damage
 
 
 @pytest.fixture(scope="module")
@@ -78,3 +81,39 @@ def test_a_model_in_a_store_that_is_not_there_is_named_and_no_store_is_created(t
     code = main(["serve", "--model", "models:/m/1", "--tracking-uri", f"sqlite:///{missing}"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and f"--tracking-uri: no MLflow store at {missing}" in err and not missing.parent.exists()
+
+
+@pytest.mark.parametrize("how", ["truncated", "hash", "hostile"])
+def test_a_damaged_checkpoint_is_one_line_and_exit_2_before_serve_starts(saved, tmp_path, how, capsys):
+    """A truncated shard (hash fixed up), an edited hash, a pickle payload (hash fixed up): checked as a
+    replica would load it (hashes, weights_only), before Ray or Serve start."""
+    ck = Path(shutil.copytree(saved, tmp_path / "ck"))
+    shard = _damage(ck, how)
+    code = main(["serve", "--checkpoint", str(ck), "--port", "1"])  # a port no one may bind: never reached
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and f"--checkpoint: checkpoint {ck}: {shard}" in err, err
+    assert "weights_only" not in err, err
+
+
+def test_a_followed_run_holds_the_newest_whole_checkpoint_it_picks_until_released(saved, tmp_path):
+    """newest_whole with claims (what serve --run does before deploying): the newest checkpoint is damaged, so
+    it is skipped with a line and the one before is claimed; the run's pruning then keeps it; closing the
+    claims withdraws them."""
+    from growpipe.serve.deploy import Claims
+    from growpipe.serve.source import newest_whole
+
+    store = CheckpointStore(str(tmp_path), "run", keep=1)
+    for seq in (1, 2):
+        shutil.copytree(saved, store.dir_for(seq, 0, seq))
+    damaged = Path(store.dir_for(2, 0, 2))
+    _damage(damaged, "hash")
+    lines: list[str] = []
+    with Claims(store) as claims:
+        held = newest_whole(store, claims, lines.append)
+        assert held == store.dir_for(1, 0, 1) and len(lines) == 1 and lines[0].startswith(f"skip   {damaged.name}:")
+        assert [p.name for p in Path(held).glob(".claim-*.json")] == [f".claim-{claims.holder}.json"]
+        store.prune()
+        assert (Path(held) / "manifest.json").is_file(), "older than the newest, but held"
+    assert list(Path(held).glob(".claim-*")) == []
+    store.prune()
+    assert not Path(held).exists(), "released: pruned as any older checkpoint"

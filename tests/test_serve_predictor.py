@@ -91,3 +91,39 @@ def test_rows_may_come_as_a_base64_npy_array_and_answer_the_same(trained):
                          ({"rows": []}, 'inputs: an object must be {"npy_base64"')]:  # fmt: skip
         with pytest.raises(InputError, match=f"^{re.escape(says)}"):
             parse_body(json.dumps({"inputs": inputs}))
+
+
+def test_values_beyond_the_inputs_bound_are_refused_and_values_within_it_answer_finite(trained):
+    from growpipe.serve.predictor import MAX_INPUT
+
+    predictor = Predictor.load(trained[1])
+    normalize = predictor.info.normalize
+    mean, std = normalize["mean"][0], normalize["std"][0]
+    for huge in (1e30, 1e308, -1e39, 10.0**20):  # 1e308 is finite in JSON and inf in float32
+        body = json.dumps({"inputs": [[0.5] * 64, [0.5] * 10 + [huge] + [0.5] * 53]})
+        with pytest.raises(InputError) as e:
+            predictor.predict(parse_body(body).inputs)
+        assert str(e.value).startswith(f"inputs: row 1 holds {huge:.6g}, ") and "\n" not in str(e.value)
+        assert "training standard deviations from its mean; the net takes values within 1e+06" in str(e.value)
+    edge = mean + 0.99 * MAX_INPUT * std  # just within the bound: every exit's confidence stays finite
+    for kind in ("max_prob", "entropy"):
+        answer = predictor.predict([[edge] * 64, [-edge] * 64], threshold=0.5, confidence=kind)
+        json.dumps(answer, allow_nan=False)  # what the server sends: no NaN or Infinity in it
+        assert all(0 <= c <= 1 for c in answer["confidence"])
+
+
+def test_booleans_are_not_numbers_and_deep_nesting_is_a_400_not_a_500(trained):
+    predictor = Predictor.load(trained[1])
+    for rows, says in (([[True] * 64], "inputs[0][0]: a boolean"), ([[0.5] * 64, [0.5] * 63 + [False]],
+                       "inputs[1][63]: a boolean"), (np.ones((2, 64), dtype=bool), "inputs: booleans")):  # fmt: skip
+        with pytest.raises(InputError, match=re.escape(says)):
+            predictor.predict(rows)
+    with pytest.raises(InputError, match=r"^threshold: True is not a number"):
+        parse_body(json.dumps({"inputs": [[0.5] * 64], "threshold": True}))
+    deep = b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"  # json.loads: RecursionError
+    with pytest.raises(InputError, match=r"^body: lists or objects nested too deep to read"):
+        parse_body(deep)
+    nested = json.loads("[" * 60 + "0.5" + "]" * 60)  # readable, but no batch of rows of 64 numbers
+    with pytest.raises(InputError, match=r"^inputs: lists nested more than 4 deep; give a list of rows, each \["):
+        predictor.predict(nested)
+    assert predictor.predict([[0.5] * 64])["exit_depth"] == [3], "a plain row still answers"

@@ -9,6 +9,7 @@ from growpipe.errors import PipelineError
 from growpipe.local import train_local
 from growpipe.runtime.pipeline import Pipeline
 from tests.conftest import actor_exists, tiny_config
+from tests.noise import library_noise
 
 
 def _tracked(tmp_path: Path, name: str, uri: str | None = None, mlflow: bool = True, **extra):
@@ -223,11 +224,19 @@ def test_unreachable_tracking_server_never_stops_training(tmp_path: Path):
 
 def test_a_model_entry_sent_again_after_failing_midway_goes_on_with_the_same_logged_model(mlflow_db: str, tmp_path):
     """The queue sends an entry again when it failed (the server went away): the model's steps already done
-    are not done twice, no second LoggedModel appears."""
+    are not done twice, no second LoggedModel (nor registered version) appears. The version is the LoggedModel's
+    (source models:/m-ID, listed in its mlflow.modelVersions tag, serving its files), made through this client's
+    store: the process's global tracking URI is another one, and stays so."""
+    import json
+
+    import mlflow
     from mlflow.exceptions import MlflowException
     from mlflow.models import Model
 
-    from growpipe.tracking import send_entry
+    from growpipe.tracking import registered_line, send_entry
+
+    elsewhere = f"sqlite:///{tmp_path / 'elsewhere.db'}"
+    mlflow.set_tracking_uri(elsewhere)  # what a notebook (or an earlier test) may have set
 
     client = MlflowClient(tracking_uri=mlflow_db)
     exp = client.create_experiment("tests", artifact_location=str(tmp_path / "mlartifacts"))
@@ -248,8 +257,21 @@ def test_a_model_entry_sent_again_after_failing_midway_goes_on_with_the_same_log
     assert [(m.key, m.value, m.step) for m in model.metrics] == [("test_accuracy", 0.5, 3)]
     assert [o.model_id for o in client.get_run(run_id).outputs.model_outputs] == [model.model_id]
     assert Model.load(f"{model.artifact_location}/MLmodel").model_id == model.model_id
+    try:
+        assert mlflow.get_tracking_uri() == elsewhere
+    finally:
+        mlflow.set_tracking_uri(None)
     (version,) = client.search_model_versions("name = 'again'")
-    assert version.source == model.artifact_location and version.run_id == run_id
+    assert version.source == f"models:/{model.model_id}" and version.run_id == run_id
+    assert client.get_model_version_download_uri("again", version.version) == model.artifact_location
+    assert json.loads(model.tags["mlflow.modelVersions"]) == [{"name": "again", "version": 1}]
+    entry["done"].remove("register")  # the tag failed after the version was made: sent again, no second version
+    send_entry(client, run_id, entry)
+    assert len(client.search_model_versions("name = 'again'")) == 1
+    assert json.loads(client.get_logged_model(model.model_id).tags["mlflow.modelVersions"]) == [
+        {"name": "again", "version": 1}
+    ]
+    assert registered_line(entry) == f"mlflow model again version 1 registered (LoggedModel models:/{model.model_id})"
 
 
 def test_mlflow_serve_refuses_a_model_uri_that_does_not_resolve_and_a_port_in_use(mlflow_db: str, tmp_path, capsys):
@@ -361,7 +383,7 @@ def test_sigterm_ends_a_local_run_as_killed_and_its_resume_is_tagged_as_such(tmp
     os.kill(proc.pid, signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143 and err.strip().splitlines()[-1] == "growpipe train: stopped by SIGTERM", err
-    assert "Traceback" not in err
+    assert "Traceback" not in err and library_noise(err) == []  # MLflow's table creation, monitor lines
     _, run = _only_run(uri)
     assert run.info.status == "KILLED" and run.data.tags["growpipe.end_reason"] == "interrupted (SIGTERM)"
     done = len(client.get_metric_history(run.info.run_id, "test_accuracy"))
@@ -369,6 +391,7 @@ def test_sigterm_ends_a_local_run_as_killed_and_its_resume_is_tagged_as_such(tmp
               "--set", f"checkpoint.uri={tmp_path / 'ck'}", "--set", f"train.epochs={done + 1}"]  # fmt: skip
     resumed = subprocess.run(resume, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert library_noise(resumed.stdout + resumed.stderr) == []
     _, run = _only_run(uri)  # the same MLflow run, now describing how the resumed run ended
     assert run.info.status == "FINISHED" and run.data.tags["growpipe.end_reason"] == "finished"
 
@@ -419,13 +442,15 @@ def test_a_run_records_data_machine_and_a_registered_logged_model_that_mlflow_se
     cfg = tiny_config(method="dascpl", train={"epochs": 2}, grow=grow, tracking=tracking)
     assert cfg.name is None and cfg.tracking.experiment is None  # the defaults the run fills in
     capfd.readouterr()
+    lines: list[str] = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        train_local(cfg, progress=None)
+        train_local(cfg, progress=lines.append)
     printed = capfd.readouterr()
     # what Python prints by default: library DeprecationWarnings stay hidden outside __main__
     assert not [str(w.message) for w in caught if not issubclass(w.category, DeprecationWarning)]
-    assert "warn" not in (printed.out + printed.err).lower(), printed
+    assert "warn" not in (printed.out + printed.err + "\n".join(lines)).lower(), printed
+    assert library_noise(printed.out + printed.err) == []
     assert "Downloading artifacts" not in printed.err and "cloudpickle" not in printed.err.lower()
 
     client = MlflowClient(tracking_uri=uri)
@@ -442,7 +467,8 @@ def test_a_run_records_data_machine_and_a_registered_logged_model_that_mlflow_se
     (found,) = mlflow.search_logged_models(experiment_ids=[exp.experiment_id], output_format="list")
     assert found.model_id == model.model_id
     (version,) = client.search_model_versions(f"name = '{name}'")
-    assert version.run_id == run.info.run_id and version.source == model.artifact_location
+    assert version.run_id == run.info.run_id and version.source == f"models:/{model.model_id}"  # linked to it
+    assert f"mlflow model {name} version 1 registered (LoggedModel models:/{model.model_id})" in lines
 
     local = mlflow.artifacts.download_artifacts(f"models:/{name}/1", dst_path=str(tmp_path / "model"))
     mlmodel = mlflow.models.Model.load(local)

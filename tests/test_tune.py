@@ -17,6 +17,7 @@ from growpipe.errors import ConfigError
 from growpipe.tune.predictions import compute_exits, load_exits
 from growpipe.tune.spec import Domain, load_sweep
 from growpipe.tune.sweep import run_sweep
+from tests.noise import library_noise
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = {
@@ -40,8 +41,9 @@ def _sweep_file(tmp_path: Path, **fields: Any) -> Path:
     return path
 
 
-def _epochs_in_tune_and_mlflow(tmp_path: Path, sweep: str) -> dict[str, tuple[str, list[int]]]:
-    """Every trial's MLflow status and epochs; asserts Tune recorded the same epochs its MLflow run logged."""
+def _epochs_in_tune_and_mlflow(tmp_path: Path, sweep: str) -> dict[str, tuple[str, str | None, list[int]]]:
+    """Every trial's MLflow status, end reason and epochs; asserts Tune recorded the same epochs its MLflow run
+    logged."""
     from ray.tune import ExperimentAnalysis
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -53,16 +55,18 @@ def _epochs_in_tune_and_mlflow(tmp_path: Path, sweep: str) -> dict[str, tuple[st
         in_tune = [int(i) for i in df["training_iteration"]]
         in_mlflow = [m.step for m in client.get_metric_history(run.info.run_id, "test_accuracy")]
         assert in_tune == in_mlflow, (trial_id, in_tune, in_mlflow)
-        seen[trial_id] = (run.info.status, in_tune)
+        seen[trial_id] = (run.info.status, run.data.tags.get("growpipe.end_reason"), in_tune)
     return seen
 
 
 @pytest.mark.usefixtures("ray_session")
 @pytest.mark.usefixtures("mlflow_db")  # an empty store at tmp_path/mlflow.db
-def test_a_trial_asha_stops_trains_no_epoch_past_the_report_tune_stopped_it_at(tmp_path: Path):
+def test_a_trial_asha_stops_trains_no_epoch_past_the_report_tune_stopped_it_at(tmp_path: Path, capfd):
     """ASHA stops the poor trial (a learning rate that learns nothing) at its first rung: the run trains no
     epoch after the report Tune answered with stop, so Tune and MLflow have the same epochs for both trials;
-    the stopped one ends KILLED, tagged stopped early, the other FINISHED."""
+    both end FINISHED, the stopped one with the end reason stopped_early (recorded by the sweep: Tune ends the
+    trial's process, and the controller it owns, before the trial could), the other finished. The sweep's
+    output holds no library log line."""
     fast = {"train.epochs": 2, "tracking.log_model": False, "tracking.system_metrics": False}
     # one trial at a time (2.1 of the session's 4 CPUs each), the good one first: the poor one meets its rung
     path = _sweep_file(tmp_path, name="asha", set=fast, search_space={"train.lr": {"grid": [0.003, 1e-9]}},
@@ -73,7 +77,9 @@ def test_a_trial_asha_stops_trains_no_epoch_past_the_report_tune_stopped_it_at(t
     assert sorted(stopped.values()) == [False, True], summary["trials"]
     seen = _epochs_in_tune_and_mlflow(tmp_path, "asha")
     for trial, early in stopped.items():
-        assert seen[trial] == (("KILLED", [1]) if early else ("FINISHED", [1, 2])), seen
+        assert seen[trial] == (("FINISHED", "stopped_early", [1]) if early else ("FINISHED", "finished", [1, 2])), seen
+    printed = capfd.readouterr()
+    assert library_noise(printed.out + printed.err) == []  # Tune's tables and growpipe's lines only
 
 
 @pytest.mark.usefixtures("ray_session")
@@ -114,6 +120,7 @@ def test_threshold_sweep_reuses_stored_predictions_without_training(tmp_path: Pa
     exp = client.get_experiment_by_name("sweeps")
     children = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}'")
     assert len(children) == 4
+    assert {(c.info.status, c.data.tags.get("growpipe.end_reason")) for c in children} == {("FINISHED", "finished")}
 
 
 @pytest.mark.parametrize(
@@ -186,20 +193,22 @@ def test_an_interrupted_optuna_sweep_resumes_without_training_any_trial_twice(tm
 
     address = ray.get_runtime_context().gcs_address  # the session's Ray: no second one to start
     cmd = [sys.executable, "-m", "growpipe.cli", "sweep", str(path), "--address", address]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 240
     while len(list(out.glob("trials/*/checkpoint_000000"))) < 2:  # one trial done, the second one running
         assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
+    printed, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err[-3000:]
+    assert library_noise(printed + err) == []  # the trials' and controllers' lines reach it (it joined with --address)
     state = json.loads((out / "sweep.json").read_text())
     assert state["status"] == "interrupted"
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = client.get_experiment_by_name("sweeps")
     runs = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{state['parent_run_id']}'")
-    assert len(runs) == 2 and {r.info.status for r in runs} <= {"FINISHED", "KILLED"}  # nothing left RUNNING
+    ends = {(r.info.status, r.data.tags.get("growpipe.end_reason")) for r in runs}  # none left RUNNING
+    assert len(runs) == 2 and ends <= {("FINISHED", "finished"), ("KILLED", "killed: the sweep was interrupted")}
 
     summary = run_sweep(load_sweep(path))  # the same command again: resumes
     assert summary["mlflow_run_id"] == state["parent_run_id"]
@@ -215,7 +224,7 @@ def test_an_interrupted_optuna_sweep_resumes_without_training_any_trial_twice(tm
     for c in children:
         assert float(c.data.params["train.lr"]) > 0
     # no trial started over (an epoch cut short by the stop is trained again); Tune counted on from epoch 1
-    assert sorted(_epochs_in_tune_and_mlflow(tmp_path, "resumable").values()) == [("FINISHED", [1, 2])] * 2
+    assert sorted(_epochs_in_tune_and_mlflow(tmp_path, "resumable").values()) == [("FINISHED", "finished", [1, 2])] * 2
 
     # the best config round-trips through growpipe train --config
     best_yaml = Path(summary["best_config"])
@@ -260,3 +269,19 @@ def test_a_sweep_whose_data_is_not_there_is_refused_with_its_other_problems(tmp_
         err[2]
         == f"  data.root: {tmp_path / 'none'} does not exist; point it at the directory of the fashion-mnist files"
     )
+
+
+def test_an_asha_grace_period_longer_than_the_trials_is_one_line():
+    """Was Ray's AssertionError and a traceback (the digits sweep run with GROWPIPE_SET train.epochs=1)."""
+    from growpipe.tune.spec import SweepSpec
+    from growpipe.tune.sweep import grace_problem
+
+    space = {"train.lr": {"loguniform": [0.001, 0.1]}}
+    asha = SweepSpec.model_validate({"name": "a", "search_space": space, "scheduler": {"grace_period": 2}})
+    assert grace_problem(asha, 1) == (
+        "scheduler.grace_period: 2 epochs is more than the trials' 1; ASHA stops a trial only after its grace "
+        "period: lower it to at most 1, or train longer (train.epochs)"
+    )
+    assert grace_problem(asha, 2) is None
+    fifo = asha.model_copy(update={"scheduler": asha.scheduler.model_copy(update={"name": "fifo"})})
+    assert grace_problem(fifo, 1) is None

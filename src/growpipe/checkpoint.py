@@ -6,15 +6,25 @@ the shards of the blocks it holds (`block-K.pt`: no weights pass through the loo
 `manifest.json` last under a temporary name and moves it into place: a checkpoint is complete exactly when
 its manifest exists. `growpipe train --save DIR` writes the same format with one shard (`state.pt`, every
 block). The manifest records each shard's SHA-256; loading checks it and uses torch.load(weights_only=True).
+
+Removing a checkpoint (pruning, a fresh run of the name, --overwrite) deletes only growpipe's files in its
+folder (the manifest, the shards it names, claims); a folder holding anything else is refused before a run
+starts. A server following the run claims the checkpoint it loads (`.claim-ID.json`, refreshed while held):
+pruning skips a checkpoint with a fresh claim (see claim_holds, prune_plan).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
+import os
 import re
+import socket
 import time
+import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +37,17 @@ from growpipe.outputs import write_checkpoint_dir
 
 FORMAT_VERSION = 2
 NAME = re.compile(r"^ckpt-(\d{6})-(\d{7})-(\d{4})$")
+SHARD_NAME = re.compile(r"^(block-\d+|state)\.pt$")
+MANIFEST, WRITING, RETIRING = "manifest.json", ".manifest.json.tmp", ".manifest.json.retiring"
+DAMAGED = "manifest.json.damaged"
+"""A checkpoint's manifest, its temporary names while it is written and while the checkpoint is removed, and
+the name a resume sets a damaged one aside under (the checkpoint is then no longer complete)."""
+CLAIM_PREFIX = ".claim-"
+CLAIM = re.compile(r"^\.claim-[0-9a-f]{8,64}\.json$")
+CLAIM_TTL_S = 120.0
+"""A claim not refreshed for this long no longer holds its checkpoint (its holder hung, or died on another
+machine); a holder refreshes it every CLAIM_TTL_S / 4."""
+Position = tuple[int, int, int]
 RESUMABLE_DIFFERENCES = ("name", "tracking.", "runtime.", "checkpoint.", "train.epochs", "eval.", "grow.max_blocks")
 """Config fields a resumed run may change; any other difference is refused."""
 
@@ -69,7 +90,29 @@ def decode_shard(data: bytes, entry: dict[str, Any], where: str) -> dict[str, di
             f"checkpoint {where}: {entry['file']} does not match the SHA-256 in its manifest "
             "(changed or damaged after it was written); refusing to load it"
         )
-    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)["blocks"]
+    try:
+        with warnings.catch_warnings():  # torch's notes on pickle protocols: the error below says what matters
+            warnings.simplefilter("ignore")
+            loaded = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as e:  # UnpicklingError for what weights_only refuses; RuntimeError/EOFError when damaged
+        raise CheckpointError(f"checkpoint {where}: {entry['file']} {_load_problem(e)}; refusing to load it") from None
+    blocks = loaded.get("blocks") if isinstance(loaded, dict) else None
+    if not isinstance(blocks, dict) or any(not isinstance(blocks.get(str(i)), dict) for i in entry["blocks"]):
+        raise CheckpointError(f"checkpoint {where}: {entry['file']} does not hold the states of blocks "
+                              f"{entry['blocks']} its manifest lists; it is damaged or not growpipe's")  # fmt: skip
+    return blocks
+
+
+def _load_problem(e: Exception) -> str:
+    """Why torch.load(weights_only=True) refused a shard, in growpipe's words (never torch's hint to load it
+    unsafely)."""
+    text = str(e)
+    if "Weights only load failed" in text:
+        found = re.search(r"unsupported GLOBAL (\S+)", text)
+        what = f" ({found.group(1)})" if found else ""
+        return (f"holds a pickled object{what}, not only tensors: it was not written by growpipe or was tampered "
+                "with (its hash was made to match)")  # fmt: skip
+    return f"is not a readable torch file ({type(e).__name__}: truncated or damaged)"
 
 
 def shard_of(shards: list[dict[str, Any]], index: int, where: str) -> dict[str, Any]:
@@ -102,6 +145,7 @@ class CheckpointStore:
         self.root = f"{root.rstrip('/')}/{run_name}"
         self.protected: set[str] = set()
         """Checkpoint directories `prune` leaves however old (the best epoch's, for model selection)."""
+        self._said: set[str] = set()
 
     # ---- writing -----------------------------------------------------------------------------------------
     def dir_for(self, epoch: int, batch: int, seq: int) -> str:
@@ -117,39 +161,133 @@ class CheckpointStore:
             f.write(data)
         return entry
 
-    def commit(self, ckpt_dir: str, manifest: dict[str, Any]) -> CheckpointRef:
-        """Write the manifest last (temporary name, then moved into place), then prune old checkpoints."""
+    def commit(self, ckpt_dir: str, manifest: dict[str, Any],
+               say: Callable[[str], None] | None = None) -> CheckpointRef:  # fmt: skip
+        """Write the manifest last (temporary name, then moved into place), then prune old checkpoints (`say`
+        gets a line for each that could not be removed)."""
         body = json.dumps({"format_version": FORMAT_VERSION, "written_at": time.time(), **manifest}, indent=1)
-        tmp = f"{ckpt_dir}/.manifest.json.tmp"
+        tmp = f"{ckpt_dir}/{WRITING}"
         with self.fs.open_output_stream(tmp) as f:
             f.write(body.encode())
-        self.fs.move(tmp, f"{ckpt_dir}/manifest.json")
-        self.prune()
+        self.fs.move(tmp, f"{ckpt_dir}/{MANIFEST}")
+        self.prune(say)
         return CheckpointRef(ckpt_dir, manifest["epoch"], manifest["batch"], manifest["seq"])
 
-    def prune(self) -> None:
-        """Keep the newest `keep` complete checkpoints and the `protected` ones; remove every other directory
-        older than the oldest kept (complete or left incomplete by a crash)."""
-        complete = [c for c in self.complete() if c.path not in self.protected]
-        if not complete:
+    def prune(self, say: Callable[[str], None] | None = None) -> None:
+        """Remove what prune_plan says: keep the newest `keep` complete checkpoints, the `protected` ones and
+        those a server claims. A checkpoint that cannot be removed (a read-only folder, files growpipe did not
+        write) stays, said once through `say`: the run goes on."""
+        dirs = self._dirs()
+        try:
+            entries = {path: self._entries(path) for path, _ in dirs}
+        except OSError as e:
+            if self.root not in self._said:
+                self._said.add(self.root)
+                (say or _no_line)(f"ckpt   old checkpoints not pruned: {self.root} cannot be read "
+                                  f"({e.strerror or type(e).__name__}); the run goes on")  # fmt: skip
             return
-        oldest_kept = min((c.epoch, c.batch, c.seq) for c in complete[-self.keep :])
-        for path, pos in self._dirs():
-            if pos < oldest_kept and path not in self.protected:
-                self.fs.delete_dir(path)
+        held = self.protected | {path for path, _ in dirs if self._claimed(path, entries[path])}
+        plan = prune_plan([(path, pos, MANIFEST in entries[path]) for path, pos in dirs], self.keep, held)
+        for path in plan:
+            try:
+                kept = self._remove(path, entries[path], honour_claims=True)
+            except OSError as e:
+                kept = f"could not be removed ({e.strerror or type(e).__name__}); it stays on disk, the run goes on"
+            if kept and path not in self._said:
+                self._said.add(path)
+                (say or _no_line)(f"ckpt   old checkpoint {path.rpartition('/')[2]} {kept}")
 
     def clear(self) -> int:
-        """Remove every checkpoint directory of this run (a fresh run reusing the name, --overwrite); how many
+        """Remove every checkpoint folder of this run (a fresh run reusing the name, --overwrite): growpipe's
+        files only, after checking that no folder holds anything else (CheckpointError naming it); how many
         went."""
-        dirs = self._dirs()
-        for path, _ in dirs:
-            self.fs.delete_dir(path)
+        dirs = [(path, self._entries(path)) for path, _ in self._dirs()]
+        if foreign := [f"{path.rpartition('/')[2]}/{name}" for path, found in dirs
+                       for name in own_entries(found, self._named(path, found))[1]]:  # fmt: skip
+            raise CheckpointError(f"checkpoint.uri: {self.root} holds what growpipe did not write ({foreign[0]}); "
+                                  "refusing to remove its checkpoints: move it away first")  # fmt: skip
+        for path, found in dirs:
+            self._remove(path, found, honour_claims=False)
         return len(dirs)
+
+    def _remove(self, path: str, entries: dict[str, bool], honour_claims: bool) -> str | None:
+        """Delete checkpoint folder `path`'s own files (own_entries), then the folder when nothing else is left;
+        None when it went, else why it stays. `honour_claims`: the manifest is first moved aside (the checkpoint
+        is no longer complete, so a server claiming it from now on sees it gone), then a claim written meanwhile
+        keeps it (the manifest is put back)."""
+        named = self._named(path, entries)
+        if honour_claims and MANIFEST in entries:
+            self.fs.move(f"{path}/{MANIFEST}", f"{path}/{RETIRING}")
+            entries = self._entries(path)
+            if self._claimed(path, entries):
+                self.fs.move(f"{path}/{RETIRING}", f"{path}/{MANIFEST}")
+                return None
+        own, other = own_entries(entries, named)
+        for name in own:
+            with contextlib.suppress(FileNotFoundError):  # a claim its holder withdrew meanwhile
+                self.fs.delete_file(f"{path}/{name}")
+        if other:
+            shown = ", ".join(other[:3]) + (f" and {len(other) - 3} more" if len(other) > 3 else "")
+            return f"kept: it holds what growpipe did not write ({shown}); only its checkpoint files were removed"
+        self.fs.delete_dir(path)
+        return None
+
+    def highest_seq(self) -> int:
+        """The highest sequence number of any checkpoint folder of the run (complete or not): a run resumed
+        from an older checkpoint numbers its new ones past it, never into a folder that exists."""
+        return max((pos[2] for _, pos in self._dirs()), default=0)
+
+    def set_aside(self, ckpt_dir: str) -> None:
+        """Make a damaged checkpoint incomplete (its manifest renamed to manifest.json.damaged), so no restore
+        takes it; its files stay until pruning removes the folder."""
+        self.fs.move(f"{ckpt_dir}/{MANIFEST}", f"{ckpt_dir}/{DAMAGED}")
+
+    # ---- claims (a server holding the checkpoint it loads) --------------------------------------------
+    def claim(self, ckpt_dir: str, holder: str, check: bool = True) -> bool:
+        """Write (or refresh) `holder`'s claim on checkpoint `ckpt_dir`; whether the checkpoint is complete
+        with the claim in place (False: the run removed it first, and the claim is withdrawn). `check=False`
+        (refreshing a claim held all along): only whether the claim was written."""
+        from pyarrow import fs
+
+        body = json.dumps({"holder": holder, "host": socket.gethostname(), "pid": os.getpid(),
+                           "written_at": time.time()}).encode()  # fmt: skip
+        tmp, final = f"{ckpt_dir}/{CLAIM_PREFIX}{holder}.tmp", f"{ckpt_dir}/{CLAIM_PREFIX}{holder}.json"
+        try:
+            with self.fs.open_output_stream(tmp) as f:
+                f.write(body)
+            self.fs.move(tmp, final)
+        except OSError:  # the folder is gone
+            return False
+        if not check or self.fs.get_file_info(f"{ckpt_dir}/{MANIFEST}").type == fs.FileType.File:
+            return True
+        self.unclaim(ckpt_dir, holder)
+        return False
+
+    def unclaim(self, ckpt_dir: str, holder: str) -> None:
+        """Withdraw `holder`'s claim on `ckpt_dir` (nothing when it is not there)."""
+        for name in (f"{CLAIM_PREFIX}{holder}.json", f"{CLAIM_PREFIX}{holder}.tmp"):
+            with contextlib.suppress(OSError):
+                self.fs.delete_file(f"{ckpt_dir}/{name}")
+
+    def _claimed(self, path: str, entries: dict[str, bool]) -> bool:
+        """Whether a claim in checkpoint folder `path` still holds it (claim_holds)."""
+        now, host = time.time(), socket.gethostname()
+        for name in entries:
+            if CLAIM.match(name):
+                try:
+                    with self.fs.open_input_stream(f"{path}/{name}") as f:
+                        claim = json.loads(f.read().decode())
+                except (OSError, ValueError):  # withdrawn meanwhile, or not a claim growpipe wrote
+                    continue
+                if claim_holds(claim, now, host, _pid_alive):
+                    return True
+        return False
 
     # ---- reading -----------------------------------------------------------------------------------------
     def foreign(self) -> list[str]:
-        """What the run's folder holds that growpipe did not put there (anything but ckpt-* folders); a file
-        where the folder should be is listed as itself."""
+        """What the run's folder holds that growpipe did not put there: anything but ckpt-* folders, and inside
+        one anything but its own files (own_entries), as `ckpt-.../NAME`; a file where the folder should be is
+        listed as itself."""
         from pyarrow import fs
 
         info = self.fs.get_file_info(self.root)
@@ -157,8 +295,35 @@ class CheckpointStore:
             return []
         if info.type != fs.FileType.Directory:
             return [self.root]
-        entries = self.fs.get_file_info(fs.FileSelector(self.root))
-        return sorted(e.base_name for e in entries if not (NAME.match(e.base_name) and e.type == fs.FileType.Directory))
+        out = []
+        for e in self.fs.get_file_info(fs.FileSelector(self.root)):
+            if not (NAME.match(e.base_name) and e.type == fs.FileType.Directory):
+                out.append(e.base_name)
+                continue
+            found = self._entries(e.path)
+            out += [f"{e.base_name}/{name}" for name in own_entries(found, self._named(e.path, found))[1]]
+        return sorted(out)
+
+    def _entries(self, path: str) -> dict[str, bool]:
+        """What folder `path` holds: name -> whether it is a folder."""
+        from pyarrow import fs
+
+        infos = self.fs.get_file_info(fs.FileSelector(path, allow_not_found=True))
+        return {i.base_name: i.type == fs.FileType.Directory for i in infos}
+
+    def _named(self, path: str, entries: dict[str, bool]) -> set[str] | None:
+        """The shard files the manifest of checkpoint folder `path` names (also while it is being removed, or
+        set aside as damaged); None when it has no readable manifest."""
+        for name in (MANIFEST, RETIRING, DAMAGED):
+            if name not in entries:
+                continue
+            try:
+                with self.fs.open_input_stream(f"{path}/{name}") as f:
+                    shards = json.loads(f.read().decode()).get("shards")
+                return {e["file"] for e in shards if isinstance(e, dict) and isinstance(e.get("file"), str)}
+            except (OSError, ValueError, AttributeError, TypeError):
+                continue
+        return None
 
     def _dirs(self) -> list[tuple[str, tuple[int, int, int]]]:
         from pyarrow import fs
@@ -194,11 +359,17 @@ class CheckpointStore:
         path = ref.path if isinstance(ref, CheckpointRef) else ref
         return _read_manifest(self.fs, path)
 
-    def verify(self, ckpt_dir: str) -> dict[str, Any]:
+    def verify(self, ckpt_dir: str, load: bool = False) -> dict[str, Any]:
         """The manifest of checkpoint `ckpt_dir` once every shard it lists is there and hashes to its SHA-256
-        (read in chunks: nothing is unpickled, no block is materialised); CheckpointError otherwise."""
+        (read in chunks: nothing is unpickled, no block is materialised); with `load` also every shard loaded
+        (weights_only, one at a time, then dropped) and every block of the topology found: what any load of
+        it will meet. CheckpointError otherwise."""
         manifest = self.read_manifest(ckpt_dir)
-        for entry in manifest.get("shards", []):
+        shards = manifest.get("shards", [])
+        for entry in shards:
+            if load:
+                load_states(self.fs, ckpt_dir, [entry], entry["blocks"])
+                continue
             digest = hashlib.sha256()
             try:
                 with self.fs.open_input_stream(f"{ckpt_dir}/{entry['file']}") as f:
@@ -209,6 +380,13 @@ class CheckpointStore:
             if digest.hexdigest() != entry["sha256"]:
                 raise CheckpointError(f"checkpoint {ckpt_dir}: {entry['file']} does not match the SHA-256 in its "
                                       "manifest (changed or damaged after it was written)")  # fmt: skip
+        if load:
+            topology = manifest.get("topology")
+            if not isinstance(topology, list) or not all(isinstance(d, dict) and isinstance(d.get("index"), int)
+                                                         for d in topology):  # fmt: skip
+                raise CheckpointError(f"checkpoint {ckpt_dir}: manifest.json has no topology of blocks; it is damaged")
+            for d in topology:
+                shard_of(shards, d["index"], ckpt_dir)
         return manifest
 
     def load_block(self, ckpt_dir: str, shards: list[dict[str, Any]], index: int) -> dict[str, Any]:
@@ -264,6 +442,59 @@ def run_folder_problem(store: CheckpointStore, fresh: bool, overwrite: bool) -> 
             "replace them with --overwrite")  # fmt: skip
 
 
+def own_entries(entries: dict[str, bool], named: set[str] | None) -> tuple[list[str], list[str]]:
+    """A checkpoint folder's entries (name -> is a folder) split into growpipe's files and everything else.
+    growpipe's: the manifest (and its names while written, removed or set aside), claims, and the shard
+    files the manifest names (`named`; None when the folder has no readable manifest, as a write cut short
+    leaves it: files named as growpipe names shards). Only those are ever deleted."""
+    own, other = [], []
+    for name, is_dir in sorted(entries.items()):
+        ours = name in (MANIFEST, WRITING, RETIRING, DAMAGED) or name.startswith(CLAIM_PREFIX) or (
+            name in named if named is not None else bool(SHARD_NAME.match(name)))  # fmt: skip
+        (own if ours and not is_dir else other).append(name)
+    return own, other
+
+
+def claim_holds(claim: Any, now: float, host: str, alive: Callable[[int], bool], ttl_s: float = CLAIM_TTL_S) -> bool:
+    """Whether a claim (its file's JSON: holder, host, pid, written_at) still holds its checkpoint at time
+    `now` on machine `host`: refreshed within `ttl_s` (a time far ahead of `now` counts as stale too), and,
+    when its holder runs on this machine, its process still there (`alive(pid)`)."""
+    if not isinstance(claim, dict):
+        return False
+    written, pid = claim.get("written_at"), claim.get("pid")
+    if isinstance(written, bool) or not isinstance(written, int | float) or abs(now - written) > ttl_s:
+        return False
+    return not (claim.get("host") == host and isinstance(pid, int) and not alive(pid))
+
+
+def prune_plan(dirs: Sequence[tuple[str, Position, bool]], keep: int, held: set[str]) -> list[str]:
+    """The checkpoint folders to remove; `dirs`: (path, position, complete), oldest first. Every folder
+    (complete or left by a write cut short) older than the oldest of the newest `keep` complete ones goes,
+    except `held` ones (the best epoch's; those a server claims), which do not count towards `keep` either."""
+    complete = [pos for path, pos, done in dirs if done and path not in held]
+    if not complete:
+        return []
+    oldest_kept = complete[-keep:][0]
+    return [path for path, pos, _ in dirs if pos < oldest_kept and path not in held]
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists on this machine (one of another user counts)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def _no_line(_line: str) -> None:
+    pass
+
+
 def _read_manifest(filesystem: Any, path: str) -> dict[str, Any]:
     try:
         with filesystem.open_input_stream(f"{path}/manifest.json") as f:
@@ -280,9 +511,22 @@ def _read_manifest(filesystem: Any, path: str) -> dict[str, Any]:
             f"checkpoint {path}: format {manifest.get('format_version')}, this growpipe reads {FORMAT_VERSION} "
             "(written by another growpipe version: evaluate it with that version or train again)"
         )
+    if not _shards_ok(manifest.get("shards", [])):
+        raise CheckpointError(f"checkpoint {path}: manifest.json lists its shards wrongly (each needs a file name, "
+                              "a SHA-256 and its blocks); it is damaged or not growpipe's")  # fmt: skip
     if isinstance(manifest.get("config"), dict):
         manifest["config"] = with_fields_added_since(manifest["config"])
     return manifest
+
+
+def _shards_ok(shards: Any) -> bool:
+    """Whether a manifest's `shards` is a list of {file: a plain name, sha256: str, blocks: [int, ...]}."""
+    return isinstance(shards, list) and all(
+        isinstance(e, dict) and isinstance(e.get("file"), str) and e["file"] and "/" not in e["file"]
+        and e["file"] not in (".", "..") and isinstance(e.get("sha256"), str) and isinstance(e.get("blocks"), list)
+        and all(isinstance(i, int) and not isinstance(i, bool) for i in e["blocks"])
+        for e in shards
+    )  # fmt: skip
 
 
 FIELDS_ADDED_SINCE: dict[str, tuple[Any, tuple[str, Any] | None]] = {

@@ -70,8 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument(
         "--resume",
         metavar="NAME",
-        help="continue run NAME from its newest complete checkpoint (checkpoint.uri): same topology, growth "
-        "history and MLflow run; 'auto': the config's run, or a fresh start when it has no checkpoint",
+        help="continue run NAME from its newest whole checkpoint (checkpoint.uri; a damaged newest one: the one "
+        "before, said so): same topology, growth history and MLflow run; 'auto': the config's run, or a fresh "
+        "start when it has no checkpoint",
     )
 
     gr = sub.add_parser(

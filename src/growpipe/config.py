@@ -15,6 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from growpipe.envvars import extra_overrides
 from growpipe.errors import ConfigError
 
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
@@ -43,7 +44,10 @@ DATASET_PREFIXES = ("hf:", "parquet:", "csv:", "json:", "imagefolder:")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+    # allow_inf_nan=False: every float field refuses inf and nan (a learning rate of inf would validate and
+    # then train to NaN), each refusal one line naming the field (problem_lines)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True,
+                              allow_inf_nan=False)  # fmt: skip
 
 
 class FeatureGroupsSpec(_Strict):
@@ -76,6 +80,8 @@ class FeatureGroupsSpec(_Strict):
 
 class NormalizeSpec(_Strict):
     """Given normalisation statistics: one mean and std per channel (images) or per feature (tables)."""
+
+    model_config = ConfigDict(allow_inf_nan=True)  # its own check names the entry and the fix
 
     mean: list[float]
     """Mean of each channel (feature) in the units the data is read in (images: [0, 1])."""
@@ -150,7 +156,9 @@ class DataSpec(_Strict):
     vocab_size: int = Field(20000, ge=3)
     """Word vocabulary size built from the train split (including <pad> and <unk>)."""
     max_len: int = Field(256, ge=4)
-    """Tokens kept per document (with max_len_percentile: at most this many)."""
+    """Tokens kept per document, at most (with max_len_percentile: the cap on what it chooses). Documents are
+    padded to the longest training document when that is shorter, so a cap far above every document (e.g.
+    1000000) keeps each one whole and costs nothing more."""
     max_len_percentile: float | None = Field(None, gt=0, le=100)
     """Choose the tokens kept per document from the data: this percentile of the train split's document
     lengths in tokens (e.g. 95: 95% of documents kept whole), at most max_len, at least 4. Short texts then
@@ -519,8 +527,8 @@ class EvalSpec(_Strict):
     exit_threshold: float | None = Field(None, ge=0.0, le=1.0)
     """The threshold real early exit runs at when a run ends and in growpipe evaluate (a sample that
     confident leaves, the blocks above never compute it; its measured time per sample is reported beside
-    the full path's); default: the lowest of `thresholds` whose accuracy is within 0.5 point of the full
-    path's."""
+    the full path's); default: the lowest of `thresholds` that costs fewer MACs than the full path and whose
+    accuracy is within 0.5 point of it, else none (the full path)."""
     baseline: bool = False
     """Draw the classical bar beside the run (growpipe baseline): TF-IDF + logistic regression for text,
     logistic regression on standardised features for tables and images, on the run's own train/test rows;
@@ -851,6 +859,8 @@ def problem_lines(err: ValidationError, lines: KeyPlaces | None = None) -> list[
             msg = "unknown field; check the spelling (see configs/ for every field)"
         elif e["type"] == "literal_error":
             msg = f"got {e['input']!r}; {msg.lower()}"
+        elif e["type"] == "finite_number":
+            msg = f"got {e['input']}; give a finite number (inf and nan are not values a run can use)"
         where = _line_of(loc, lines)
         field = f"{'.'.join(loc)}{where}: " if loc else ""  # a whole-model check names its fields itself
         problems += [f"{field}{part}" for part in msg.splitlines()]
@@ -952,25 +962,40 @@ def parse_grow_request(raw: dict[str, Any]) -> GrowRequest:
         raise ConfigError(_format_errors(err, "grow request")) from None
 
 
-def build_config(raw: dict[str, Any] | None, source: str = "config", yaml_file: Path | None = None) -> RunConfig:
+def build_config(raw: dict[str, Any] | None, source: str = "config", yaml_file: Path | None = None,
+                 overrides: list[str] | None = None) -> RunConfig:  # fmt: skip
     """Validate a raw mapping; raise ConfigError listing every problem (with its line in `yaml_file`, the
-    YAML the mapping was read from)."""
+    YAML the mapping was read from, or the --set of `overrides` that gave it)."""
     try:
         return RunConfig.model_validate(raw or {})
     except ValidationError as err:
-        lines = config_key_places(yaml_file) if yaml_file is not None else None
-        raise ConfigError(_format_errors(err, source, lines)) from None
+        raise ConfigError(_format_errors(err, source, key_places(yaml_file, overrides))) from None
 
 
-def config_and_problems(raw: dict[str, Any] | None,
-                        yaml_file: Path | None = None) -> tuple[RunConfig | None, list[str]]:  # fmt: skip
-    """The config of `raw` and every validation problem (one line each, with its line in `yaml_file`). With
-    problems, the config has the fields at fault left at their defaults, so that the checks that come after
-    validation still run and report theirs in the same list (None when even that does not validate)."""
+def key_places(yaml_file: Path | None, overrides: list[str] | None = None) -> KeyPlaces | None:
+    """Where each key of a config read from `yaml_file` is: its line there (or in its base), or '--set
+    KEY=VALUE' for a key one of `overrides` gives (that replaces what the file has at and under it). None
+    without a file: every value then comes from --set."""
+    if yaml_file is None:
+        return None
+    places: KeyPlaces = dict(config_key_places(yaml_file))
+    for item in overrides or []:
+        key = tuple(item.split("=", 1)[0].strip().split("."))
+        places = {k: v for k, v in places.items() if k[: len(key)] != key}
+        places[key] = f"--set {item}"
+    return places or None
+
+
+def config_and_problems(raw: dict[str, Any] | None, yaml_file: Path | None = None,
+                        overrides: list[str] | None = None) -> tuple[RunConfig | None, list[str]]:  # fmt: skip
+    """The config of `raw` and every validation problem (one line each, with its line in `yaml_file` or the
+    --set of `overrides` that gave it). With problems, the config has the fields at fault left at their
+    defaults, so that the checks that come after validation still run and report theirs in the same list
+    (None when even that does not validate)."""
     try:
         return RunConfig.model_validate(raw or {}), []
     except ValidationError as err:  # only now re-read the files for where each key is
-        problems = problem_lines(err, config_key_places(yaml_file) if yaml_file is not None else None)
+        problems = problem_lines(err, key_places(yaml_file, overrides))
         partial = copy.deepcopy(raw or {})
         for _ in range(3):  # a default may make a cross-field check fail in turn: drop that field too
             dropped = [_drop(partial, [str(p) for p in e["loc"] if not _is_union_tag(p)]) for e in err.errors()]
@@ -1018,7 +1043,37 @@ def read_yaml_mapping(path: str | Path, flag: str, examples: str, top: str) -> d
         raise ConfigError(f"{p}:{where} not valid YAML ({problem})") from None
     if loaded is not None and not isinstance(loaded, dict):
         raise ConfigError(f"{p}: the top level must be a mapping of {top}")
+    if twice := duplicate_key(p.read_text()):
+        key, line, first = twice
+        raise ConfigError(f"{p} line {line}: {key} is given twice (also at line {first}); YAML keeps only the last, "
+                          "so keep the one you mean and delete the other")  # fmt: skip
     return loaded or {}
+
+
+def duplicate_key(text: str) -> tuple[str, int, int] | None:
+    """(dotted key, its line, the line of its first occurrence) of the first key a mapping of YAML `text` gives
+    twice (None: none does). YAML loaders keep the last silently; a merge key (<<) may repeat."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return None
+    todo: list[tuple[yaml.Node, tuple[str, ...]]] = [(root, ())] if root is not None else []
+    while todo:
+        node, path = todo.pop(0)
+        if isinstance(node, yaml.SequenceNode):
+            todo += [(item, (*path, str(i))) for i, item in enumerate(node.value)]
+        if not isinstance(node, yaml.MappingNode):
+            continue
+        seen: dict[str, int] = {}
+        for key, value in node.value:
+            if key.tag == "tag:yaml.org,2002:merge" or not isinstance(key, yaml.ScalarNode):
+                continue
+            line = key.start_mark.line + 1
+            if key.value in seen:
+                return ".".join((*path, key.value)), line, seen[key.value]
+            seen[key.value] = line
+            todo.append((value, (*path, key.value)))
+    return None
 
 
 def read_run_config(path: str | Path) -> dict[str, Any]:
@@ -1085,12 +1140,14 @@ def _replaced_by(raw: dict[str, Any], key: tuple[str, ...]) -> bool:
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
     """Read a YAML file (or nothing: all defaults) with its `base:` chain (see read_run_config), apply --set
-    overrides, validate."""
+    overrides (and GROWPIPE_SET's after them), validate."""
     raw: dict[str, Any] = {}
     if path is not None:
         raw = read_run_config(path)
-    raw = apply_overrides(raw, overrides or [])
-    return build_config(raw, str(path) if path is not None else "defaults", Path(path) if path is not None else None)
+    overrides = [*(overrides or []), *extra_overrides()]
+    raw = apply_overrides(raw, overrides)
+    return build_config(raw, str(path) if path is not None else "defaults", Path(path) if path is not None else None,
+                        overrides)  # fmt: skip
 
 
 def dump_config(cfg: RunConfig) -> str:

@@ -14,13 +14,36 @@ def data_dir() -> str | None:
 GROWPIPE_WORKDIR = "GROWPIPE_WORKDIR"
 """The directory a run's relative paths (tracking.workdir and the MLflow store in it, checkpoint.uri, a sweep's
 output) are resolved against instead of the current directory; it must exist (a run is refused otherwise).
-raylocal/submit sets it to the submitter's checkout, so a job started in Ray's temporary working directory
-writes where the submitter looks; a job without it writes to ~/growpipe_results (growpipe.prepare.base_dir)."""
+raylocal/up starts its head with it (the checkout by default) and every job's driver inherits it, so a job
+started in Ray's temporary working directory writes where the submitter looks, whichever way it was submitted;
+a job without it writes to ~/growpipe_results (growpipe.prepare.base_dir)."""
 
 
 def workdir() -> str | None:
     """The value of GROWPIPE_WORKDIR, if set and non-empty."""
     return os.environ.get(GROWPIPE_WORKDIR) or None
+
+
+GROWPIPE_SET = "GROWPIPE_SET"
+"""Config overrides applied after every other (the config file, --set, a sweep's own), as `key=value` items
+separated by semicolons, e.g. "train.epochs=1; data.limit_train=256": a smoke run of any documented command
+without editing it (the documentation's tests run them so). A run, a resume, the Python API's load_config and
+every trial of a sweep take them; growpipe evaluate does not (it evaluates what was trained)."""
+
+
+def extra_overrides() -> list[str]:
+    """The items of GROWPIPE_SET (none when unset)."""
+    return [item.strip() for item in os.environ.get(GROWPIPE_SET, "").split(";") if item.strip()]
+
+
+GROWPIPE_SWEEP_SET = "GROWPIPE_SWEEP_SET"
+"""Sweep-file overrides applied after the file's fields and `growpipe sweep --set`, as GROWPIPE_SET's items,
+e.g. "num_samples=2": with GROWPIPE_SET (small trials) a smoke run of a documented sweep on fewer trials."""
+
+
+def sweep_overrides() -> list[str]:
+    """The items of GROWPIPE_SWEEP_SET (none when unset)."""
+    return [item.strip() for item in os.environ.get(GROWPIPE_SWEEP_SET, "").split(";") if item.strip()]
 
 
 GROWPIPE_FAULT_AT = "GROWPIPE_FAULT_AT"

@@ -97,7 +97,7 @@ def evaluate_net(net: GrowableNet, bundle: DataBundle, spec: EvalSpec, early_exi
     return ev
 
 
-def measure_early_exit(net: GrowableNet, bundle: DataBundle, spec: EvalSpec, threshold: float) -> dict[str, Any]:
+def measure_early_exit(net: GrowableNet, bundle: DataBundle, spec: EvalSpec, threshold: float | None) -> dict[str, Any]:
     """Real early exit on the test split at `threshold` in this process, timed against the full path (each
     the best of two passes: the first pays for warm-up)."""
     batches = list(iterate_batches(bundle.test, EVAL_BATCH, shuffle=False, side_groups=net.side_groups()))

@@ -103,7 +103,7 @@ class LocalEngine(WithoutBundles):
         assert self.bundle is not None
         return evaluate_net(self._net(), self.bundle, self.cfg.eval)
 
-    def measure_early_exit(self, threshold: float) -> dict[str, Any]:
+    def measure_early_exit(self, threshold: float | None) -> dict[str, Any]:
         return measure_early_exit(self._net(), self.bundle, self.cfg.eval, threshold)
 
     def checksums(self) -> dict[int, str]:

@@ -9,6 +9,7 @@ import math
 import os
 import re
 import secrets
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from growpipe.config import RunConfig
 from growpipe.device import precision_problem
 from growpipe.errors import ConfigError, GrowpipeError
 from growpipe.loop.callbacks import ProgressLog, RunCallback
+from growpipe.memory import memory_problem
 from growpipe.outputs import Kind, check_outputs
 from growpipe.tracking import default_tracking_uri
 
@@ -152,7 +154,7 @@ def prepare_run(config: ConfigSource = None, overrides: list[str] | None = None,
 
         if not (config is None or isinstance(config, (str, Path))):
             raise ConfigError("resume_run: give the config as a YAML path (or None: the checkpoint's own)")
-        cfg, ref = plan_resume(None if config is None else str(config), list(overrides or []), resume_run)
+        cfg, ref = plan_resume(None if config is None else str(config), list(overrides or []), resume_run, say)
         resume = ref.path if ref else None
         say(f"resume {resume or 'nothing to resume: starting run ' + repr(cfg.name)}")
     else:
@@ -171,24 +173,50 @@ def prepare_run(config: ConfigSource = None, overrides: list[str] | None = None,
         resume = absolute(resume)
         cfg = continue_from(cfg, resume)
     embedded = runtime == "ray" and not (address or os.environ.get("RAY_ADDRESS"))
+    ray = sys.modules.get("ray")
+    connected = ray is not None and ray.is_initialized()  # a run then uses this connection, not the address
+    if runtime == "ray" and not connected and (why := cluster_problem(address, os.environ.get("RAY_ADDRESS"))):
+        problems.append(why)
     check_run(cfg, outputs, embedded_ray=embedded, fresh=resume is None, warn=say, problems=problems,
               on_ray=runtime == "ray")  # fmt: skip
     return PreparedRun(cfg, resume)
 
 
+def cluster_problem(given: str | None, env: str | None) -> str | None:
+    """Why the cluster a run would join (--address `given`, else $RAY_ADDRESS `env`) does not answer now (None:
+    it does, no address is given, or the address is not HOST:PORT). Asked first because ray.init waits minutes
+    for a GCS that is not there."""
+    from growpipe.runtime.cluster_record import gcs_unreachable
+
+    chosen = given or env
+    if not chosen:
+        return None
+    if not (why := gcs_unreachable(chosen)):
+        return None
+    if given:
+        return (
+            f"--address {given}: no Ray cluster answers there ({why}); check the host and port (the head's GCS "
+            "port, 6379 by default) and that the cluster is up, or leave --address out for an embedded local Ray"
+        )
+    return (f"RAY_ADDRESS={env}: no Ray cluster answers there ({why}); check the address and that the cluster is "
+            "up, or unset RAY_ADDRESS for an embedded local Ray")  # fmt: skip
+
+
 def read_config(config: ConfigSource, overrides: list[str] | None = None) -> tuple[RunConfig | None, list[str]]:
-    """The config (`overrides` applied) and its validation problems, one line each (see
+    """The config (`overrides` applied, then GROWPIPE_SET's) and its validation problems, one line each (see
     growpipe.config.config_and_problems); a YAML file that cannot be read raises at once."""
     from growpipe.config import apply_overrides, config_and_problems, read_run_config
+    from growpipe.envvars import extra_overrides
 
+    overrides = [*(overrides or []), *extra_overrides()]
     if isinstance(config, RunConfig):
         if not overrides:
             return config, []
-        return config_and_problems(apply_overrides(config.model_dump(mode="json"), overrides))
+        return config_and_problems(apply_overrides(config.model_dump(mode="json"), overrides), None, overrides)
     if config is None or isinstance(config, dict):
-        return config_and_problems(apply_overrides(config or {}, overrides or []))
+        return config_and_problems(apply_overrides(config or {}, overrides or []), None, overrides)
     raw = read_run_config(config)  # with its base: chain
-    return config_and_problems(apply_overrides(raw, overrides or []), Path(config))
+    return config_and_problems(apply_overrides(raw, overrides or []), Path(config), overrides)
 
 
 def check_run(cfg: RunConfig, outputs: dict[str, tuple[str | None, Kind]] | None = None, embedded_ray: bool = False,
@@ -205,9 +233,10 @@ def run_problems(cfg: RunConfig, outputs: dict[str, tuple[str | None, Kind]] | N
     the checkpoint URI and the run's folder in it (`fresh`: a new run, not a resume), the tracking URI, the
     data (looked for here before any actor reads it: a problem when the stages read it on this machine,
     `data_here`, by default with an embedded Ray or no Ray; `warn`ed on a cluster), the files the run will
-    write (`outputs`: flag -> (path, kind)), what BP on Ray needs (`on_ray`) and, for an embedded Ray,
-    whether this machine can hold the run's workers. `warn` gets what will not stop the run (an MLflow
-    server that does not answer)."""
+    write (`outputs`: flag -> (path, kind)), what BP on Ray needs (`on_ray`), whether the net and a batch fit
+    in this machine's memory (when the workers run here; else a warning for one block: memory_problem) and, for
+    an embedded Ray, whether this machine can hold the run's workers. `warn` gets what will not stop the run (an
+    MLflow server that does not answer)."""
     from growpipe.data.presence import data_problem
 
     problems = []
@@ -217,6 +246,12 @@ def run_problems(cfg: RunConfig, outputs: dict[str, tuple[str | None, Kind]] | N
         problems.append(why)
     if why := precision_problem(cfg.train.precision, cfg.device):
         problems.append(why)
+    here = data_here if data_here is not None else embedded_ray or not on_ray
+    ddp = on_ray and cfg.method == "bp" and cfg.engine() == "ddp"
+    too_big, block_too_big = memory_problem(cfg, here, (cfg.ddp.workers or cfg.net.blocks) if ddp else 1)
+    problems += [too_big] if too_big else []
+    if block_too_big and warn:
+        warn(block_too_big)
     if on_ray and cfg.method == "bp":
         from growpipe.runtime.gpipe import bp_problems
 
@@ -233,7 +268,7 @@ def run_problems(cfg: RunConfig, outputs: dict[str, tuple[str | None, Kind]] | N
                 f"send in {cfg.tracking.workdir}/mlflow-unsent-{cfg.name}-*.jsonl (growpipe mlflow replay sends it)"
             )
     if why := data_problem(cfg.data):
-        if data_here if data_here is not None else embedded_ray or not on_ray:
+        if here:
             problems.append(why)
         elif warn:  # a cluster's stage 0 may run on a node that has it: that node's read says for sure
             warn(f"warn   {why} (from this node; the run's first stage looks again on its own node)")

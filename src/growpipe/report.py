@@ -92,7 +92,13 @@ def format_exits(ev: dict[str, Any]) -> str:
                 f"  {r['threshold']:>29.2f}  {r['accuracy']:8.4f}  {r['mean_depth']:10.2f}  "
                 f"{100 * r['macs_saved_fraction']:9.1f}%"
             )
-    if e := ev.get("early_exit"):
+    if (e := ev.get("early_exit")) and e["threshold"] is None:
+        lines.append(
+            "  early exit: no threshold of the table both costs less than the full path and keeps its accuracy "
+            f"within 0.5 points; the full path answers ({e['accuracy']:.4f}, "
+            f"{1e6 * e['full_path_seconds_per_sample']:.1f} us/sample); eval.exit_threshold sets one"
+        )
+    elif e:
         lines.append(
             f"  early exit at {e['threshold']:.2f} (measured, samples leave): accuracy {e['accuracy']:.4f}, mean depth "
             f"{e['mean_depth']:.2f}, {1e6 * e['seconds_per_sample']:.1f} us/sample vs "

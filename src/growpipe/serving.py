@@ -29,8 +29,9 @@ import numpy as np
 MODEL_CODE = Path(__file__).with_name("mlflow_model.py")
 """The pyfunc's code file (read by path: importing it would set MLflow's current model in this process)."""
 
-QUIET_MLFLOW = {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
-"""MLflow settings while growpipe writes, uploads or fetches a model: no progress bars in a run's output."""
+QUIET_MLFLOW = {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false", "MLFLOW_LOGGING_LEVEL": "WARNING"}
+"""MLflow settings while growpipe writes, uploads or fetches a model: no progress bars in a run's output, and
+in the scoring server it starts no INFO lines (MLflow reads the level at import)."""
 
 
 def quiet_mlflow() -> contextlib.AbstractContextManager[None]:

@@ -14,15 +14,21 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from growpipe.config import RunConfig
 from growpipe.loop.callbacks import RunCallback
+from growpipe.quiet import quiet_libraries
 
 MLFLOW_TRACKING_URI = "MLFLOW_TRACKING_URI"
 MODEL_NAME = "model"
 """The name of a run's LoggedModel (as `mlflow.pyfunc.log_model(name="model")` would call it)."""
+TUNE_STOP = "stopped early by the Tune scheduler"
+"""The reason a run stopped by Tune is given (growpipe.runtime.pipeline: Tune's report raised SystemExit)."""
+STOPPED_EARLY = "stopped_early"
+"""growpipe.end_reason of a trial a Tune scheduler stopped before its last epoch (the run ends FINISHED)."""
 
 
 def default_tracking_uri(workdir: str | Path) -> str:
@@ -108,10 +114,7 @@ class MlflowTracker(RunCallback):
         self._client: Any = None
         self.experiment_id: str | None = None
         self.example: list[Any] | None = None  # a few raw test rows: the model's input example
-        if not os.environ.get("MLFLOW_LOGGING_LEVEL"):  # MLflow's INFO lines (tables, monitor, validation) are noise
-            import logging
-
-            logging.getLogger("mlflow").setLevel(logging.WARNING)
+        quiet_libraries()  # MLflow's INFO lines (tables, monitor, validation): also in a controller actor
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # fail fast; the queue retries
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
 
@@ -228,16 +231,25 @@ class MlflowTracker(RunCallback):
 
     def on_stop(self, reason: str) -> None:
         """Stopped from outside: end the MLflow run as KILLED with the reason, now (the process may be
-        killed seconds later); nothing is logged after."""
-        tags = {"growpipe.end_reason": reason}
-        if reason.startswith("stopped early"):
-            tags["growpipe.stopped_early"] = "true"
+        killed seconds later); nothing is logged after. Stopped by Tune (a scheduler, PBT, the sweep
+        interrupted: the trial cannot tell which), a sweep's trial leaves its end to the sweep's process, which
+        knows why (growpipe.tune.ends); a trial without a sweep run ends FINISHED, stopped_early."""
+        if reason.startswith(TUNE_STOP):
+            if self.cfg.tracking.parent_run_id:
+                self._end(None)
+                return
+            tags = {"growpipe.end_reason": STOPPED_EARLY, "growpipe.stopped_early": "true"}
+            status = "FINISHED"
+        else:
+            tags, status = {"growpipe.end_reason": reason}, "KILLED"
         with self._lock:
             if not self.ended:
                 self.queue.append({"op": "tags", "tags": tags})
-        self._end("KILLED")
+        self._end(status)
 
-    def _end(self, status: str) -> Path | None:
+    def _end(self, status: str | None) -> Path | None:
+        """No more logging: the system metrics' last samples, the run ended as `status` (None: left as it
+        is, for someone else to end), the queue sent or spilled."""
         with self._lock:
             if self.ended:
                 return None
@@ -246,7 +258,8 @@ class MlflowTracker(RunCallback):
                 with contextlib.suppress(Exception):
                     finish_system_metrics(self._monitor)
                 self._monitor = None
-            self.queue.append({"op": "end", "status": status})
+            if status is not None:
+                self.queue.append({"op": "end", "status": status})
             return self._drain()
 
     def on_error(self, message: str) -> None:
@@ -292,7 +305,8 @@ class MlflowTracker(RunCallback):
             client = self._client_or_connect()
             while self.queue:
                 send_entry(client, self.run_id, self.queue[0])
-                self.queue.pop(0)
+                if line := registered_line(self.queue.pop(0)):
+                    self.say(line)
             return True
         except Exception as e:  # the tracking store is down or refuses: training goes on
             if not self.warned:
@@ -420,7 +434,7 @@ def log_model(client: Any, run_id: str, entry: dict[str, Any]) -> None:
         "metrics": lambda: link_metrics(client, run_id, model_id, step),
         "files": lambda: _upload_model(client, run_id, model_id, Path(entry["path"])),
         "ready": lambda: client.finalize_logged_model(model_id, "READY"),
-        "register": lambda: entry.get("register") and register_model(client, run_id, entry["register"], model_id),
+        "register": lambda: entry.get("register") and _register(client, run_id, model_id, entry),
     }
     done = entry.setdefault("done", [])
     for name, send in steps.items():
@@ -475,18 +489,66 @@ def link_metrics(client: Any, run_id: str, model_id: str, step: int) -> None:
         client.log_batch(run_id, metrics=linked[i : i + 1000])
 
 
-def register_model(client: Any, run_id: str, name: str, model_id: str) -> None:
-    """Register LoggedModel `model_id` of run `run_id` as a new version of registered model `name`. Its source
-    is the model's artifact location (where models:/MODEL_ID resolves to): MLflow 3.17's database registry
-    would resolve that URI through the process's global tracking URI, not this client's."""
+def _register(client: Any, run_id: str, model_id: str, entry: dict[str, Any]) -> None:
+    """The model entry's register step: the version is recorded in the entry once made, so a retry after a
+    failure in between does not make a second one."""
+    if entry.get("version") is None:
+        entry["version"] = register_model(client, run_id, entry["register"], model_id)
+    link_version(client, model_id, entry["register"], entry["version"])
+
+
+def register_model(client: Any, run_id: str, name: str, model_id: str) -> str:
+    """Register LoggedModel `model_id` of run `run_id` as a new version of registered model `name`; the version.
+    Its source is `models:/MODEL_ID`, as `mlflow.register_model` gives it, so MLflow links the version to the
+    LoggedModel. MLflow 3.17's database registry resolves that URI (to the files it serves) through the
+    process's global tracking URI, not this client's: it is this client's for the call."""
     from mlflow.exceptions import MlflowException
 
     try:
         client.get_registered_model(name)
     except MlflowException:
         client.create_registered_model(name)
-    source = client.get_logged_model(model_id).artifact_location
-    client.create_model_version(name, source, run_id=run_id, model_id=model_id)
+    with _global_tracking_uri(client.tracking_uri):
+        version = client.create_model_version(name, f"models:/{model_id}", run_id=run_id, model_id=model_id)
+    return str(version.version)
+
+
+def link_version(client: Any, model_id: str, name: str, version: str) -> None:
+    """List version `version` of `name` in the LoggedModel's `mlflow.modelVersions` tag (what MLflow's
+    register_model and its tracking server write; the model's page shows its registered versions from it)."""
+    from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
+
+    tags = client.get_logged_model(model_id).tags
+    versions = json.loads(tags.get(MLFLOW_MODEL_VERSIONS) or "[]")
+    if not any(v.get("name") == name and str(v.get("version")) == str(version) for v in versions):
+        versions.append({"name": name, "version": int(version)})
+        client.set_logged_model_tags(model_id, {MLFLOW_MODEL_VERSIONS: json.dumps(versions)})
+
+
+_GLOBAL_URI = threading.Lock()
+
+
+@contextlib.contextmanager
+def _global_tracking_uri(uri: str) -> Iterator[None]:
+    """MLflow's process-wide tracking URI set to `uri` for the duration, as it was afterwards (the variable
+    MLflow keeps it in: its public setter would also rewrite $MLFLOW_TRACKING_URI)."""
+    from mlflow.tracking._tracking_service import utils
+
+    with _GLOBAL_URI:
+        before = utils._tracking_uri
+        utils._tracking_uri = uri
+        try:
+            yield
+        finally:
+            utils._tracking_uri = before
+
+
+def registered_line(entry: dict[str, Any]) -> str | None:
+    """The line a run prints once its model is registered (None: the entry registered nothing)."""
+    if entry.get("op") != "model" or entry.get("version") is None or "register" not in entry.get("done", []):
+        return None
+    name, version = entry["register"], entry["version"]
+    return f"mlflow model {name} version {version} registered (LoggedModel models:/{entry['model_id']})"
 
 
 def replay(path: str | Path, uri: str | None = None, say: Any = print) -> str:
@@ -517,6 +579,8 @@ def replay(path: str | Path, uri: str | None = None, say: Any = print) -> str:
             skipped += 1  # its staged copy is gone (another machine, or cleaned up)
             continue
         send_entry(client, run_id, entry)
+        if line := registered_line(entry):
+            say(line)
     say(f"replayed {len(entries) - skipped} entries into run {run_id}" + (f" ({skipped} missing artifacts skipped)"
         if skipped else ""))  # fmt: skip
     return run_id

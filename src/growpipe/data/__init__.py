@@ -8,7 +8,7 @@ from functools import partial
 from growpipe.config import DataSpec
 from growpipe.data.augment import Augment
 from growpipe.data.batches import iterate_batches
-from growpipe.data.bundle import DataBundle, Split, apply_feature_groups, batch_at, hold_out, limit
+from growpipe.data.bundle import DataBundle, Split, apply_feature_groups, batch_at, hold_out, limit, one_class_problem
 from growpipe.data.moments import normalise
 from growpipe.data.sources import (
     load_cifar,
@@ -53,6 +53,9 @@ def load_data(spec: DataSpec, seed: int = 0, keep_text: bool = False) -> DataBun
     bundle.test = limit(bundle.test, spec.limit_test)
     if spec.val_fraction:
         bundle.train, bundle.val = hold_out(bundle.train, spec.val_fraction)
+    hint = " (after data.limit_train and data.val_fraction)" if spec.limit_train or spec.val_fraction else ""
+    if why := one_class_problem(bundle.train.y.numpy(), bundle.source, bundle.class_names, hint):
+        raise DataError(why)
     bundle = normalise(bundle, spec, seed)  # statistics of the rows trained on (a sample of data.stats_rows)
     bundle = apply_feature_groups(bundle, spec.feature_groups)
     if spec.augment:

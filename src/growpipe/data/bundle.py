@@ -183,6 +183,19 @@ def check_labels(y_train: np.ndarray, y_test: np.ndarray, num_classes: int | Non
     return classes
 
 
+def one_class_problem(labels: Any, source: str, class_names: list[str] | None = None, hint: str = "") -> str | None:
+    """Why training labels `labels` cannot train a classifier: they hold fewer than 2 classes (a net then
+    reaches accuracy 1.0 without learning anything); None when they hold 2 or more."""
+    seen = np.unique(np.asarray(labels))
+    if len(seen) >= 2 or len(labels) == 0:
+        return None
+    label = seen[0].item() if isinstance(seen[0], np.generic) else seen[0]
+    name = class_names[label] if class_names and isinstance(label, int) and 0 <= label < len(class_names) else label
+    return (f"data.name: every one of the {len(labels):,} training rows of {source} is of class {name!r}; a "
+            f"classifier needs at least 2 classes to learn{hint}: point data.name at data with 2 or more classes, "
+            "or relabel it")  # fmt: skip
+
+
 def limit(split: Split, n: int | None, seed: int = 0) -> Split:
     """The first `n` samples of a fixed seeded permutation (the whole split when n is None)."""
     if n is None or n >= len(split):

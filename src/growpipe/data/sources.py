@@ -299,25 +299,35 @@ def _streamed_table(name: str, train: Any, test: Any, spec: DataSpec, origins: d
 def load_newsgroups(spec: DataSpec) -> DataBundle:
     """20 Newsgroups from train.parquet / test.parquet (columns text, label, label_name)."""
     root = locate(spec, "20newsgroups", NEWSGROUPS_FILES)
+    origins = {s: Origin.of_file(str(root / f"{s}.parquet"), s) for s in ("train", "test")}
+    train, test = (_read_parquet(origins[s].place) for s in ("train", "test"))
+    return frames_to_bundle("20newsgroups", train, test, spec, origins)
+
+
+def _read_parquet(path: str) -> pd.DataFrame:
+    """A parquet file as a frame; DataError naming the file when it is not a whole parquet file."""
     import pandas as pd
 
-    origins = {s: Origin.of_file(str(root / f"{s}.parquet"), s) for s in ("train", "test")}
-    train = pd.read_parquet(origins["train"].place)
-    test = pd.read_parquet(origins["test"].place)
-    return frames_to_bundle("20newsgroups", train, test, spec, origins)
+    try:
+        return pd.read_parquet(path)
+    except (OSError, ValueError) as e:
+        raise DataError(unreadable(path, "parquet", e)) from None
+
+
+def unreadable(path: str, fmt: str, error: Exception) -> str:
+    """The line that says file `path` cannot be read as `fmt` (a damaged or truncated file, or another format)."""
+    first = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+    return f"{path}: not a readable {fmt} file ({first}); replace it with a whole {fmt} file (copy or export it again)"
 
 
 def load_files(spec: DataSpec) -> DataBundle:
     """parquet:/csv:/json:DIR|URI — a directory (or file://, s3://, gs:// URI) with train.EXT and test.EXT, read
     by Hugging Face datasets."""
     fmt, _, uri = spec.name.partition(":")
-    fs, found = find_table_files(spec.name)
+    fs, found, columns = peek_table_files(spec.name)
     local = "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
-    files, columns, lacking = {}, {}, []
+    files, lacking = {}, []
     for split, path in found.items():
-        empty, columns[split] = _peek(fs, path, fmt)
-        if empty:
-            raise DataError(f"{spec.name}: the {split} split is empty ({path} has no rows); add data to it")
         files[split] = path if local else fs.unstrip_protocol(path)
     if columns["train"] is not None and columns["test"] is not None:
         extra = [c for c in columns["test"] if c not in columns["train"]]
@@ -332,6 +342,8 @@ def load_files(spec: DataSpec) -> DataBundle:
     except Exception as e:  # datasets wraps parser errors in several types
         cause = str(e.__cause__ or e)
         why = "the train and test files have different columns" if "column names don't match" in cause else cause
+        if fmt == "parquet" and (damaged := _damaged_parquet(fs, found)):
+            raise DataError(damaged) from None
         raise DataError(f"data.name: cannot read {uri} as {fmt} ({why.splitlines()[0]})") from None
     if lacking:  # datasets fills them in blank: left out, so that a column read from both is named as missing
         ds["test"] = ds["test"].remove_columns(lacking)
@@ -352,10 +364,45 @@ def find_table_files(name: str) -> tuple[Any, dict[str, str]]:
     found = {}
     for split in ("train", "test"):
         hits = [f"{root}/{split}.{e}" for e in exts if fs.isfile(f"{root}/{split}.{e}")]
+        folders = [f"{uri.rstrip('/')}/{split}.{e}" for e in exts if fs.isdir(f"{root}/{split}.{e}")]
+        if not hits and folders:
+            raise DataError(f"data.name: {folders[0]} is a folder, not a file; growpipe reads one {split}.{exts[0]} "
+                            f"file per split: write the split as a single file there (e.g. join a partitioned "
+                            f"dataset's parts into one)")  # fmt: skip
         if not hits:
             raise DataNotFoundError(f"data.name: {uri} has no {split}.{exts[0]}; add it or point at the right folder")
         found[split] = hits[0]
     return fs, found
+
+
+def _damaged_parquet(fs: Any, found: dict[str, str]) -> str | None:
+    """The line naming the first of the `found` parquet files whose data cannot be read whole (None: each can)."""
+    import pyarrow.parquet as pq
+
+    for path in found.values():
+        try:
+            with fs.open(path, "rb") as f:
+                pq.read_table(f)
+        except (OSError, ValueError) as e:
+            return unreadable(path, "parquet", e)
+    return None
+
+
+def peek_table_files(name: str) -> tuple[Any, dict[str, str], dict[str, list[str] | None]]:
+    """(filesystem, each split's file, each split's columns where cheap to read) of a parquet:/csv:/json: dataset
+    `name`, read no further than a parquet footer or a CSV header; DataError naming the file when one is missing,
+    has no rows, or is not a file of its format."""
+    fmt = name.partition(":")[0]
+    fs, found = find_table_files(name)
+    columns = {}
+    for split, path in found.items():
+        try:
+            empty, columns[split] = _peek(fs, path, fmt)
+        except (OSError, ValueError) as e:
+            raise DataError(unreadable(path, fmt, e)) from None
+        if empty:
+            raise DataError(f"{name}: the {split} split is empty ({path} has no rows); add data to it")
+    return fs, found, columns
 
 
 def _peek(fs: Any, path: str, fmt: str) -> tuple[bool, list[str] | None]:
@@ -478,6 +525,7 @@ def frames_to_bundle(name: str, train: pd.DataFrame, test: pd.DataFrame, spec: D
         lengths: list[int] = []
         vocab = Vocab.build(ttr, spec.vocab_size, spec.min_count, lengths, spec.ngrams)
         max_len = kept_length(lengths, spec.max_len, spec.max_len_percentile)
+        _check_token_memory(len(ttr) + len(tte), vocab.width(max_len), max_len, spec)
         xtr, xte = vocab.encode(ttr.tolist(), max_len), vocab.encode(tte.tolist(), max_len)
         return DataBundle(name, "text", Split(xtr, ytr, text=ttr), Split(xte, yte, text=tte), len(class_names),
                           class_names, vocab)  # fmt: skip
@@ -510,6 +558,21 @@ def frames_to_bundle(name: str, train: pd.DataFrame, test: pd.DataFrame, spec: D
         len(class_names),
         class_names,
         notes=notes,
+    )
+
+
+def _check_token_memory(rows: int, width: int, kept: int, spec: DataSpec) -> None:
+    """DataError naming data.max_len when `rows` documents of `width` token ids (int64) cannot fit in this
+    machine's memory."""
+    import psutil
+
+    need, have = 8 * rows * width, psutil.virtual_memory().total
+    if need <= have:
+        return
+    raise DataError(
+        f"data.max_len: {rows:,} documents of {width:,} token ids each ({kept:,} words kept per "
+        f"document, at most data.max_len={spec.max_len:,}) need {need / 2**30:,.1f} GiB, more than this "
+        f"machine's {have / 2**30:,.1f} GiB; lower data.max_len or set data.max_len_percentile (e.g. 95)"
     )
 
 

@@ -27,11 +27,13 @@ def terms(words: Sequence[str], ngrams: int = 1) -> list[str]:
 
 def kept_length(lengths: Sequence[int], cap: int, percentile: float | None) -> int:
     """Tokens to keep per document: `cap`, or the `percentile` of the documents' `lengths` in tokens (at most
-    `cap`, at least 4)."""
-    if percentile is None or not lengths:
+    `cap`), and never more than the longest document (padding past it would hold no token): at least 4."""
+    if not lengths:
         return cap
     ordered = sorted(lengths)
-    at = ordered[min(len(ordered) - 1, max(0, math.ceil(percentile / 100 * len(ordered)) - 1))]
+    at = ordered[-1]
+    if percentile is not None:
+        at = ordered[min(len(ordered) - 1, max(0, math.ceil(percentile / 100 * len(ordered)) - 1))]
     return max(4, min(cap, at))
 
 

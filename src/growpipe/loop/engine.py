@@ -126,7 +126,7 @@ class Engine(Protocol):
         """Every exit and the adaptive trade-off on the test split (growpipe.evaluation)."""
         ...
 
-    def measure_early_exit(self, threshold: float) -> dict[str, Any]:
+    def measure_early_exit(self, threshold: float | None) -> dict[str, Any]:
         """Real early exit on the test split at `threshold`, timed against the full path
         (growpipe.nn.inference.early_exit_report)."""
         ...

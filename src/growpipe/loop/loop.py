@@ -562,7 +562,7 @@ class RunLoop:
         shards = self.engine.save(self.store, path)
         manifest = {**self.record(), "epoch": epoch, "batch": batch, "seq": self.ckpt_seq, "shards": shards,
                     "layout": self.engine.layout()}  # fmt: skip
-        ref = self.store.commit(path, manifest)
+        ref = self.store.commit(path, manifest, say=self.say)  # a failed prune is a line, the run goes on
         notify(self.callbacks, "on_checkpoint", {"path": ref.path, "epoch": epoch, "batch": batch, "seq": ref.seq},
                say=self.say)  # fmt: skip
         if self.history:  # the time writing restore points after an epoch's row counts in that row
@@ -591,7 +591,8 @@ class RunLoop:
         }
 
     def _restore_record(self, manifest: dict[str, Any]) -> None:
-        self.ckpt_seq = max(self.ckpt_seq, manifest["seq"])
+        # past every folder of the run: a resume that went back from a damaged checkpoint never writes into it
+        self.ckpt_seq = max(self.ckpt_seq, manifest["seq"], self.store.highest_seq() if self.store else 0)
         self.history, self.growth = list(manifest["history"]), list(manifest["growth"])
         self.growth_skipped = list(manifest.get("growth_skipped", []))
         self.plan = GrowthPlan(self.cfg)

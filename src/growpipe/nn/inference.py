@@ -226,20 +226,24 @@ def exit_costs(blocks: Sequence[tuple[int, int, int, int, bool, bool]]) -> dict[
     return out
 
 
-def chosen_threshold(ev: dict[str, Any], given: float | None, within: float = 0.005) -> float:
+def chosen_threshold(ev: dict[str, Any], given: float | None, within: float = 0.005) -> float | None:
     """The threshold real early exit is measured at: `given` (eval.exit_threshold), else the lowest of the
-    table's thresholds whose accuracy is within `within` of the full path's, else the highest one."""
-    if given is not None or not ev["adaptive"]:
-        return given if given is not None else 1.0
+    table's thresholds that costs less than the full path and keeps accuracy within `within` of it, else None
+    (the full path: every threshold either costs more, since a sample that reaches the last exit has paid for
+    every head on the way, or loses accuracy)."""
+    if given is not None:
+        return given
     rows = sorted(ev["adaptive"], key=lambda r: r["threshold"])
-    good = [r["threshold"] for r in rows if r["accuracy"] >= ev["full_accuracy"] - within]
-    return good[0] if good else rows[-1]["threshold"]
+    good = [r["threshold"] for r in rows
+            if r["macs_saved_fraction"] > 0 and r["accuracy"] >= ev["full_accuracy"] - within]  # fmt: skip
+    return good[0] if good else None
 
 
-def early_exit_report(threshold: float, early: Exited, labels: torch.Tensor, seconds: float, full_seconds: float,
+def early_exit_report(threshold: float | None, early: Exited, labels: torch.Tensor, seconds: float, full_seconds: float,
                       costs: dict[int, tuple[int, int]]) -> dict[str, Any]:  # fmt: skip
-    """What real early exit did at `threshold`: accuracy, mean exit depth, measured seconds per sample against
-    the full path's, and the MACs per sample its exits cost (the accounting's figure for the same exits)."""
+    """What real early exit did at `threshold` (None: the full path): accuracy, mean exit depth, measured seconds
+    per sample against the full path's, and the MACs per sample its exits cost (the accounting's figure for the
+    same exits)."""
     n = max(len(labels), 1)
     cost = adaptive_costs(costs)
     last = max(costs)

@@ -18,23 +18,38 @@ _chosen_by = "the cluster this process is connected to"
 
 def connect_existing(address: str | None = None, run: str | None = None) -> str:
     """Join the cluster a job runs on: `address`, else $RAY_ADDRESS, else the address recorded when run `run`
-    started (see growpipe.runtime.cluster_record), else the newest local one (auto). Returns the line that
-    says which cluster is asked."""
+    started (see growpipe.runtime.cluster_record), with the authentication mode recorded then; InputError when
+    none of them names one (never the newest Ray on the machine, which may be somebody else's). Returns the
+    line that says which cluster is asked."""
     global _chosen_by
     if not ray.is_initialized():
         from growpipe.prepare import JOB_RESULTS_DIR, absolute
-        from growpipe.runtime.cluster_record import choose_cluster, gcs_unreachable, recorded_address
+        from growpipe.runtime.cluster_record import (
+            AUTH_MODE_VAR,
+            choose_cluster,
+            gcs_unreachable,
+            read_record,
+            use_token_auth,
+        )
         from growpipe.runtime.pipeline import join_cluster
 
         workdirs = [Path(absolute("runs")), Path(JOB_RESULTS_DIR).expanduser() / "runs"]
-        recorded = recorded_address(run, workdirs) if run and not address else None
-        chosen, _chosen_by = choose_cluster(address, os.environ.get("RAY_ADDRESS"), recorded)
-        if why := gcs_unreachable(chosen):
-            if _chosen_by.startswith("recorded"):
-                raise InputError(f"--run {run}: the cluster it started on ({chosen}, {_chosen_by}) does not answer "
-                                 f"({why}); the run may have ended, or give --address / RAY_ADDRESS")  # fmt: skip
-            raise InputError(f"{_chosen_by}: no Ray cluster answers at {chosen} ({why}); check the address")
-        join_cluster(chosen, log_to_driver=False)
+        found = read_record(run, workdirs) if run and not address else None
+        recorded = (found[0]["address"], found[1]) if found else None
+        chosen = choose_cluster(address, os.environ.get("RAY_ADDRESS"), recorded)
+        if chosen is None:
+            where = " or ".join(str(w / "clusters" / f"{run}.json") for w in workdirs)
+            raise InputError(f"--run {run}: no record of the cluster it runs on ({where}) and no --address or "
+                             "RAY_ADDRESS; give the cluster's address (--address HOST:PORT, or --address auto for the "
+                             "newest Ray on this machine)")  # fmt: skip
+        address, _chosen_by = chosen
+        from_record = found is not None and address == found[0]["address"] and _chosen_by.startswith("recorded")
+        if from_record and found[0].get("auth") == "token" and os.environ.get(AUTH_MODE_VAR) is None:
+            use_token_auth()
+        if from_record and (why := gcs_unreachable(address)):
+            raise InputError(f"--run {run}: the cluster it started on ({address}, {_chosen_by}) does not answer "
+                             f"({why}); the run may have ended, or give --address / RAY_ADDRESS")  # fmt: skip
+        join_cluster(address, log_to_driver=False, chosen_by=_chosen_by)
     gcs = ray.get_runtime_context().gcs_address
     return f"grow   asking run {run} on cluster {gcs} ({_chosen_by})"
 

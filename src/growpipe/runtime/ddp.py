@@ -159,7 +159,7 @@ class DDPEngine(WithoutBundles):
     def evaluate(self) -> dict[str, Any]:
         return self._ask("evaluate")["eval"]
 
-    def measure_early_exit(self, threshold: float) -> dict[str, Any]:
+    def measure_early_exit(self, threshold: float | None) -> dict[str, Any]:
         return self._ask("early_exit", threshold=threshold)["early_exit"]
 
     def checksums(self) -> dict[int, str]:

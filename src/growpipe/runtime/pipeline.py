@@ -5,6 +5,7 @@ clean up."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -16,7 +17,9 @@ from growpipe.config import RunConfig
 from growpipe.errors import InputError, PipelineError
 from growpipe.prepare import logical_cpus_needed, resolve_paths
 from growpipe.progress import EpochBar
+from growpipe.quiet import quiet_libraries, quiet_ray_job_actors
 from growpipe.runtime import NAMESPACE
+from growpipe.runtime.cluster_record import AUTH_MODE_VAR, auth_problem, gcs_unreachable, has_token, use_token_auth
 from growpipe.runtime.controller import launch_controller
 from growpipe.runtime.names import names_free
 from growpipe.runtime.placement import reserved_bundles_problem
@@ -27,21 +30,37 @@ SIGNAL_CHECK_S = 0.5  # how long a wait for the next event goes without looking 
 OnEpoch = Callable[[dict[str, Any], str | None], None]
 
 
-def join_cluster(address: str, log_to_driver: bool) -> Any:
-    """ray.init on an existing cluster, its failures said in one line with the fix: a missing or wrong auth
-    token (Ray 2.60 clusters use token authentication), or nothing at `address`."""
+def join_cluster(address: str, log_to_driver: bool, chosen_by: str | None = None) -> Any:
+    """ray.init on an existing cluster (`chosen_by`: how `address` was chosen, for the messages), its failures
+    said in one line with the fix, before ray.init would wait or retry: nothing listening at `address`, or a
+    cluster that refuses this process's auth token (Ray 2.60 clusters use token authentication: with
+    RAY_AUTH_MODE unset, the token on this machine is offered, as Ray's own `ray start --address` does)."""
+    said = chosen_by or f"--address {address}"
+    if why := gcs_unreachable(address):
+        raise InputError(f"{said}: no Ray cluster answers at {address} ({why}); check the address")
+    problem = auth_problem(address)
+    if problem == "refused" and os.environ.get(AUTH_MODE_VAR) is None and has_token():
+        use_token_auth()
+        problem = auth_problem(address)
+    if problem:
+        found = (
+            "no token was found here" if problem == "no token" or not has_token() else "the token here is not its own"
+        )
+        raise InputError(
+            f"{said}: the Ray cluster at {address} refused this process (it uses token authentication and {found}); "
+            "put the cluster's token in ~/.ray/auth_token (or RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH) and set "
+            "RAY_AUTH_MODE=token"
+        )
     try:
-        return ray.init(address=address, namespace=NAMESPACE, log_to_driver=log_to_driver)
+        return ray.init(address=address, namespace=NAMESPACE, log_to_driver=log_to_driver,
+                        logging_level=logging.WARNING)  # fmt: skip
     except ray.exceptions.AuthenticationError:
         raise InputError(
-            f"--address {address}: the cluster uses token authentication and no token was found here; put the "
+            f"{said}: the cluster uses token authentication and no token was found here; put the "
             "cluster's token in ~/.ray/auth_token (or RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH) and set RAY_AUTH_MODE=token"
         ) from None
     except ConnectionError as e:
-        hint = "" if os.environ.get("RAY_AUTH_MODE") == "token" else (
-            "; if it uses token authentication (Ray 2.60's default), set RAY_AUTH_MODE=token with the cluster's "
-            "token in ~/.ray/auth_token")  # fmt: skip
-        raise InputError(f"--address {address}: no Ray cluster answered ({str(e).splitlines()[0]}){hint}") from None
+        raise InputError(f"{said}: no Ray cluster answered ({str(e).splitlines()[0]})") from None
 
 
 @contextlib.contextmanager
@@ -88,14 +107,18 @@ def connect(cfg: RunConfig, address: str | None = None, cpus: int | None = None)
 
     Returns (True when this call started or connected Ray and so should shut it down, the dashboard URL).
     """
+    quiet_libraries()  # before Ray starts: an embedded Ray's workers inherit the settings
     if ray.is_initialized():
         return False, None
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address:
         with _starting_ray():
             ctx = join_cluster(address, log_to_driver=True)
+        quiet_ray_job_actors()  # another job's end is not this run's news
         return True, _url(ctx.dashboard_url)
     cpus = cpus or cfg.runtime.num_cpus or max(os.cpu_count() or 1, logical_cpus_needed(cfg))
+    if os.environ.get(AUTH_MODE_VAR) is None:
+        use_token_auth()  # what Ray 2.60 picks for a new local Ray, said here so that it does not warn of it
     with _starting_ray():
         try:
             ctx = ray.init(

@@ -150,7 +150,7 @@ class StageEngine:
         ev["eval_bytes"] = self._eval_bytes  # activations between the stages, probabilities back: no weights
         return ev
 
-    def measure_early_exit(self, threshold: float) -> dict[str, Any]:
+    def measure_early_exit(self, threshold: float | None) -> dict[str, Any]:
         """Real early exit on the test split through the stage actors: a sample that leaves at an exit is not
         sent on; timed against the full path."""
         self._share_decoders()

@@ -26,6 +26,7 @@ from ray import serve
 
 from growpipe.errors import GrowpipeError, InputError
 from growpipe.nn.packet import Packet
+from growpipe.quiet import quiet_libraries
 from growpipe.serve.predictor import Predictor
 from growpipe.serve.request import PredictRequest, parse_body, parse_request
 
@@ -42,10 +43,12 @@ def checkpoint_of(user_config: dict[str, Any]) -> str | Path:
     from mlflow.artifacts import download_artifacts
 
     from growpipe.serve.source import model_files
+    from growpipe.serving import quiet_mlflow
 
     tracking = user_config.get("tracking_uri")
-    local = Path(download_artifacts(artifact_uri=model_files(source, tracking), tracking_uri=tracking,
-                                    dst_path=tempfile.mkdtemp(prefix="growpipe-model-")))  # fmt: skip
+    with quiet_mlflow():  # no download bar in the replica's output
+        local = Path(download_artifacts(artifact_uri=model_files(source, tracking), tracking_uri=tracking,
+                                        dst_path=tempfile.mkdtemp(prefix="growpipe-model-")))  # fmt: skip
     found = sorted(p.parent for p in local.rglob("manifest.json"))
     if not found:
         raise GrowpipeError(f"{source}: the model holds no growpipe checkpoint (artifacts/checkpoint)")
@@ -66,6 +69,7 @@ class BlockGroup:
     of one answer is of one version. It keeps the two newest versions."""
 
     def __init__(self, index: int, groups: int, next_group: Any = None):
+        quiet_libraries()
         self.index, self.groups, self.next = index, groups, next_group
         self.nets: dict[str, Any] = {}
 
@@ -96,6 +100,7 @@ class NetServer:
     """A replica: one loaded net (the version its user_config names), batched early-exit answers."""
 
     def __init__(self, first_group: Any = None) -> None:
+        quiet_libraries()  # MLflow's lines when it fetches a model; Serve's batch-size warning (rows, not requests)
         self.first_group = first_group  # the blocks are served as groups (--stages > 1): the chain's head
         self.current: tuple[dict[str, Any], Predictor] | None = None  # (user_config, its net): one assignment
         self.refused: dict[str, str] = {}

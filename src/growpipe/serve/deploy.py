@@ -9,11 +9,14 @@ lightweight update: Serve calls `reconfigure` on the running replicas, a few at 
 from __future__ import annotations
 
 import socket
+import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from growpipe.checkpoint import CLAIM_TTL_S, CheckpointStore
 from growpipe.errors import ConfigError, PipelineError
 from growpipe.serve.app import INGRESS, group_name
 from growpipe.serve.follow import next_checkpoint
@@ -24,6 +27,58 @@ APP = "growpipe"
 
 class DeployFailed(PipelineError):
     """Serve could not bring the application up (a replica failed to load its first net)."""
+
+
+class Claims:
+    """The checkpoints of a run this server holds, so the run's pruning leaves them while replicas (a slow
+    first start, a restart, autoscaling) may still load them: a claim file in each (CheckpointStore.claim),
+    refreshed by a thread every `refresh_s`, withdrawn on release and at close. A server killed before it
+    withdraws them stops holding at once on this machine (its process is gone), elsewhere after CLAIM_TTL_S."""
+
+    def __init__(self, store: CheckpointStore, refresh_s: float = CLAIM_TTL_S / 4):
+        self.store, self.holder = store, uuid.uuid4().hex
+        self.held: set[str] = set()
+        self._lock = threading.Lock()  # a refresh never rewrites a claim just released
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._refresh, args=(refresh_s,), daemon=True, name="growpipe-claims")
+        self._thread.start()
+
+    def hold(self, path: str) -> bool:
+        """Claim checkpoint `path`; whether it is held (False: the run removed it first)."""
+        with self._lock:
+            if path in self.held:
+                return True
+            if held := self.store.claim(path, self.holder):
+                self.held.add(path)
+            return held
+
+    def release(self, path: str) -> None:
+        with self._lock:
+            self.held.discard(path)
+            self.store.unclaim(path, self.holder)
+
+    def keep_only(self, path: str) -> None:
+        """Release every held checkpoint but `path`."""
+        for other in sorted(self.held - {path}):
+            self.release(other)
+
+    def _refresh(self, every_s: float) -> None:
+        while not self._closed.wait(every_s):
+            with self._lock:
+                for path in sorted(self.held):
+                    self.store.claim(path, self.holder, check=False)
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join(timeout=10)
+        for path in sorted(self.held):
+            self.release(path)
+
+    def __enter__(self) -> Claims:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
 
 
 @dataclass(frozen=True)
@@ -127,36 +182,51 @@ def wait_until_serving(source: str, timeout_s: float = 300.0, poll_s: float = 0.
 
 
 def follow(source: Source, options: ServeOptions, say: Callable[[str], None] = print, poll_s: float = 1.0,
-           stop: Callable[[], bool] = lambda: False) -> None:  # fmt: skip
-    """Serve the run's newest whole checkpoint until `stop()`: each new complete checkpoint is checked
-    (every shard's hash) and deployed as the new user_config; a damaged or incomplete one is skipped with a
-    line, the served version stays."""
+           stop: Callable[[], bool] = lambda: False, claims: Claims | None = None) -> None:  # fmt: skip
+    """Serve the run's newest whole checkpoint until `stop()`: each new complete checkpoint is held (`claims`,
+    else claims of its own), checked (every shard's hash) and deployed as the new user_config; one the run
+    pruned before it was held, a damaged one, or one the replicas refuse is skipped with a line, the served
+    version stays. The served version stays held until the next one is served."""
     from growpipe.errors import CheckpointError
 
     store = source.run_store
     assert store is not None
+    mine = claims is None
+    claims = claims or Claims(store)
     serving, refused = source.ref, set()
-    while not stop():
-        candidate = next_checkpoint([c.path for c in store.complete()], serving, refused)
-        if candidate is None:
-            time.sleep(poll_s)
-            continue
-        try:
-            store.verify(candidate)
-        except CheckpointError as e:
-            refused.add(candidate)
-            say(f"skip   {e}; still serving {serving.rpartition('/')[2]}")
-            continue
-        t0 = time.perf_counter()
-        new = Source(source.kind, candidate, source.tracking_uri, store)
-        deploy(serve_config(new, options))
-        status = wait_until_serving(candidate)
-        if candidate in status["refused"]:
-            refused.add(candidate)
-            say(f"skip   {candidate.rpartition('/')[2]}: {status['refused'][candidate]}; still serving "
-                f"{serving.rpartition('/')[2]}")  # fmt: skip
-            deploy(serve_config(Source(source.kind, serving, source.tracking_uri, store), options))
-            continue
-        serving = candidate
-        v = status["version"]
-        say(f"serve  {v['checkpoint']} (epoch {v['epoch']}, {v['blocks']} blocks) in {time.perf_counter() - t0:.2f} s")
+    claims.hold(serving)
+    try:
+        while not stop():
+            candidate = next_checkpoint([c.path for c in store.complete()], serving, refused)
+            if candidate is None:
+                time.sleep(poll_s)
+                continue
+            name, served = candidate.rpartition("/")[2], serving.rpartition("/")[2]
+            if not claims.hold(candidate):
+                refused.add(candidate)
+                say(f"skip   {name}: pruned by the run before it could be held; still serving {served}")
+                continue
+            try:
+                store.verify(candidate)
+            except CheckpointError as e:
+                refused.add(candidate)
+                claims.release(candidate)
+                say(f"skip   {e}; still serving {served}")
+                continue
+            t0 = time.perf_counter()
+            deploy(serve_config(Source(source.kind, candidate, source.tracking_uri, store), options))
+            status = wait_until_serving(candidate)
+            if candidate in status["refused"]:
+                refused.add(candidate)
+                say(f"skip   {name}: {status['refused'][candidate]}; still serving {served}")
+                deploy(serve_config(Source(source.kind, serving, source.tracking_uri, store), options))
+                claims.release(candidate)
+                continue
+            claims.release(serving)
+            serving = candidate
+            v = status["version"]
+            say(f"serve  {v['checkpoint']} (epoch {v['epoch']}, {v['blocks']} blocks) in "
+                f"{time.perf_counter() - t0:.2f} s")  # fmt: skip
+    finally:
+        if mine:
+            claims.close()

@@ -9,6 +9,7 @@ blocks above never compute it; threshold 1.0 takes the full path.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,11 @@ from growpipe.nn.packet import Packet
 
 BATCH = 512
 """Rows per forward pass: a large request is computed in slices of this many."""
+
+MAX_INPUT = 1e6
+"""Largest magnitude of an input value, as the net sees it (standardised with the training statistics when the
+net has them, else as given): a million standard deviations off is no sample of the data, and far beyond it
+float32 arithmetic overflows (a LayerNorm squares its input; 1e20 already gives non-finite confidences)."""
 
 CONFIDENCE_KINDS = ("max_prob", "entropy")
 
@@ -80,7 +86,7 @@ class Predictor:
     def inputs(self, x: Any, side: dict[str, Any] | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Raw inputs as tensors of the net's input shape and dtype, or InputError naming the field."""
         info = self.info
-        feature = _as_rows("inputs", x, tuple(info.shape), info.dtype)
+        feature = _as_rows("inputs", x, tuple(info.shape), info.dtype, info.normalize)
         if info.dtype == "long" and info.vocab_size and len(feature) and int(feature.max()) >= info.vocab_size:
             raise InputError(f"inputs: token id {int(feature.max())} is outside the vocabulary (ids 0-"
                              f"{info.vocab_size - 1})")  # fmt: skip
@@ -137,19 +143,32 @@ class Predictor:
 
 def check_options(threshold: Any, confidence: Any) -> None:
     """The request's options, or InputError naming the one that is wrong."""
-    if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0.0 <= float(threshold) <= 1.0:
-        raise InputError(f"threshold: {threshold!r} is not a number in [0, 1] (1.0: the full path)")
+    if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0 <= threshold <= 1:
+        shown = repr(threshold) if len(repr(threshold)) <= 40 else repr(threshold)[:37] + "..."
+        raise InputError(f"threshold: {shown} is not a number in [0, 1] (1.0: the full path)")
     if confidence not in CONFIDENCE_KINDS:
         raise InputError(f"confidence: {confidence!r} is not one of {', '.join(CONFIDENCE_KINDS)}")
 
 
-def _as_rows(field_name: str, x: Any, shape: tuple[int, ...], dtype: str) -> torch.Tensor:
-    """A batch of rows of `shape` (each row given in that shape or flat), finite, of `dtype`."""
+def _as_rows(field_name: str, x: Any, shape: tuple[int, ...], dtype: str,
+             normalize: dict[str, list[float]] | None = None) -> torch.Tensor:  # fmt: skip
+    """A batch of rows of `shape` (each row given in that shape or flat), finite and within MAX_INPUT (once
+    standardised with `normalize`), of `dtype`; never booleans (JSON's true is no number)."""
+    if isinstance(x, list | tuple):
+        depth, where = _scan(x, len(shape) + 1)
+        if where is not None:
+            raise InputError(f"{field_name}{where}: a boolean (true/false), not a number; give each row as "
+                             f"{_shape_text(shape)}")  # fmt: skip
+        if depth > len(shape) + 1:
+            raise InputError(f"{field_name}: lists nested more than {len(shape) + 1} deep; give a list of rows, "
+                             f"each {_shape_text(shape)}")  # fmt: skip
     try:
         arr = np.asarray(x.to_numpy() if hasattr(x, "to_numpy") else x)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):
         raise InputError(f"{field_name}: rows of unequal length; each row is {_shape_text(shape)}") from None
-    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
+    if arr.dtype == bool:
+        raise InputError(f"{field_name}: booleans (true/false), not numbers; give each row as {_shape_text(shape)}")
+    if arr.dtype == object or not np.issubdtype(arr.dtype, np.number):
         raise InputError(f"{field_name}: not numbers (dtype {arr.dtype}); give each row as {_shape_text(shape)}")
     size = int(np.prod(shape))
     if arr.ndim == 0 or arr.size % max(size, 1) or (arr.shape[1:] != shape and int(np.prod(arr.shape[1:])) != size):
@@ -163,7 +182,54 @@ def _as_rows(field_name: str, x: Any, shape: tuple[int, ...], dtype: str) -> tor
         return torch.as_tensor(arr.astype(np.int64))
     if np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
         raise InputError(f"{field_name}: holds NaN or infinite values; give finite numbers")
+    _check_magnitude(field_name, arr, normalize)
     return torch.as_tensor(arr.astype(np.float32))
+
+
+def _check_magnitude(field_name: str, arr: np.ndarray, normalize: dict[str, list[float]] | None) -> None:
+    """InputError naming the row of the first value (standardised with `normalize`) beyond MAX_INPUT."""
+    z = arr.astype(np.float64)
+    if normalize is not None:
+        channels = (1, -1, *([1] * (arr.ndim - 2)))
+        with np.errstate(over="ignore"):  # 1e308 / 0.3: inf, beyond the bound all the same
+            z = (z - np.reshape(normalize["mean"], channels)) / np.reshape(normalize["std"], channels)
+    far = np.abs(z) > MAX_INPUT
+    if not far.any():
+        return
+    at = np.unravel_index(int(np.argmax(far)), arr.shape)
+    value, scaled = arr[at], z[at]
+    how = f", {abs(scaled):.3g} training standard deviations from its mean" if normalize is not None else ""
+    raise InputError(f"{field_name}: row {at[0]} holds {value:.6g}{how}; the net takes values within {MAX_INPUT:g} "
+                     f"{'standard deviations' if normalize is not None else 'of 0'} (far beyond, its arithmetic "
+                     "overflows); give values on the scale of its training data")  # fmt: skip
+
+
+def _scan(x: list | tuple, most: int) -> tuple[int, str | None]:
+    """How deep the lists of `x` nest (counted up to most + 1) and where its first boolean is (e.g. '[0][3]'),
+    level by level: the numbers are only looked at by type, in C."""
+    lists: list[Any] = [x]
+    for depth in range(1, most + 2):
+        types = set(map(type, itertools.chain.from_iterable(lists)))
+        if bool in types:
+            return depth, _bool_path(x)
+        if not types & {list, tuple}:
+            return depth, None
+        lists = [v for v in itertools.chain.from_iterable(lists) if isinstance(v, list | tuple)]
+    return most + 2, None
+
+
+def _bool_path(x: list | tuple) -> str:
+    """The index path of the first boolean in nested lists `x` that hold one, e.g. '[0][3]'."""
+    path, node = "", x
+    while True:
+        for i, v in enumerate(node):
+            if type(v) is bool:
+                return f"{path}[{i}]"
+            if isinstance(v, list | tuple) and _scan(v, 64)[1] is not None:
+                path, node = f"{path}[{i}]", v
+                break
+        else:
+            return path
 
 
 def _shape_text(shape: tuple[int, ...]) -> str:

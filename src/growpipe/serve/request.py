@@ -40,6 +40,9 @@ def parse_body(body: bytes | str) -> PredictRequest:
         data = json.loads(body or b"")
     except (ValueError, UnicodeDecodeError) as e:
         raise InputError(f'body: not valid JSON ({e}); send {{"inputs": [[...], ...]}}') from None
+    except RecursionError:
+        raise InputError('body: lists or objects nested too deep to read; send {"inputs": [[...], ...]}, a list '
+                         "of rows of numbers") from None  # fmt: skip
     return parse_request(data)
 
 

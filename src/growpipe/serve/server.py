@@ -12,6 +12,7 @@ from typing import Any
 from growpipe.errors import InputError
 from growpipe.serve.deploy import (
     APP,
+    Claims,
     DeployFailed,
     ServeOptions,
     deploy,
@@ -23,18 +24,28 @@ from growpipe.serve.deploy import (
 from growpipe.serve.source import Source, newest_whole
 
 
-def start(source: Source, options: ServeOptions, attempts: int = 3, timeout_s: float = 300.0) -> dict[str, Any]:
-    """Deploy the application on the connected Ray and wait until it answers; the served version. A run's
-    checkpoint can be pruned by the run before the first replica has loaded it: then its newest whole one is
-    deployed instead (up to `attempts` times)."""
+def start(source: Source, options: ServeOptions, attempts: int = 3, timeout_s: float = 300.0,
+          claims: Claims | None = None, say: Callable[[str], None] = print) -> dict[str, Any]:  # fmt: skip
+    """Deploy the application on the connected Ray and wait until it answers; the served version. With
+    `claims`, a run's checkpoint is held before it is deployed, so the run cannot prune it while the replicas
+    start: the one `source` names, or when the run pruned it already, its newest whole one. Without, a
+    checkpoint pruned before the first replica loaded it is replaced by the newest whole one (up to
+    `attempts` times)."""
     for attempt in range(attempts):
+        if claims is not None and source.run_store is not None and (attempt or not claims.hold(source.ref)):
+            source = replace(source, ref=newest_whole(source.run_store, claims, say))
         deploy(serve_config(source, options))
         try:
-            return wait_until_serving(source.ref, timeout_s)
+            status = wait_until_serving(source.ref, timeout_s)
         except DeployFailed:
             if source.run_store is None or attempt == attempts - 1:
                 raise
-            source = replace(source, ref=newest_whole(source.run_store))
+            if claims is None:
+                source = replace(source, ref=newest_whole(source.run_store))
+            continue
+        if claims is not None:
+            claims.keep_only(status["source"])
+        return status
     raise AssertionError("unreachable")
 
 
@@ -52,15 +63,16 @@ def run(source: Source, options: ServeOptions, *, follow_run: bool, address: str
     if not joining and (problem := port_problem(options.host, options.port)):  # on a cluster: the head's port
         raise InputError(problem)
     owns, _ = connect(build_config({}), address, cpus=None)
+    claims = Claims(source.run_store) if source.run_store is not None else None  # what the replicas load stays
     try:
-        status = start(source, options)
+        status = start(source, options, claims=claims, say=say)
         v = status["version"]
         url = f"http://{options.host}:{options.port}{options.route_prefix.rstrip('/')}/predict"
         say(f"serve  {url}  run {v['run'] or '-'}, {v['checkpoint']} (epoch {v['epoch']}, {v['blocks']} blocks)")
         if follow_run:
             say(f"follow run {source.run_store.run_name if source.run_store else '?'}: a new checkpoint is served "
                 "once complete and whole")  # fmt: skip
-            follow(source, options, say, stop=stop)
+            follow(replace(source, ref=status["source"]), options, say, stop=stop, claims=claims)
         else:
             while not stop():
                 time.sleep(0.5)
@@ -68,6 +80,9 @@ def run(source: Source, options: ServeOptions, *, follow_run: bool, address: str
     finally:
         import ray
         from ray import serve
+
+        if claims is not None:
+            claims.close()
 
         if joining:  # the cluster stays; this command's application goes (asked, not waited for: a stopped
             with contextlib.suppress(Exception):  # job has seconds before it is killed)

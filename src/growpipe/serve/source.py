@@ -4,6 +4,7 @@ resolves to nothing is one line (exit 2)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,11 @@ def resolve(run: str | None, checkpoint: str | None, model: str | None, checkpoi
         store = CheckpointStore(checkpoint_uri, run)
         return Source("run", newest_whole(store), tracking_uri, store)
     if checkpoint:
-        _, target, _ = open_checkpoint(checkpoint)
+        store, target, _ = open_checkpoint(checkpoint)
+        try:  # every shard's hash, and loadable with weights_only: a replica would fail on what fails here
+            store.verify(target, load=True)
+        except CheckpointError as e:
+            raise CheckpointError(f"--checkpoint: {e}") from None
         return Source("checkpoint", target, tracking_uri)
     assert model is not None
     if not model.startswith(MODEL_SCHEMES):
@@ -84,21 +89,37 @@ def model_files(model: str, tracking_uri: str | None) -> str:
     return client.get_model_version_download_uri(version.name, version.version)
 
 
-def newest_whole(store: CheckpointStore) -> str:
-    """The newest complete checkpoint of a run whose shards all hash to its manifest; CheckpointError naming
-    --run when there is none."""
-    complete = store.complete()
-    if not complete:
-        raise CheckpointError(
-            f"--run: run {store.run_name!r} has no complete checkpoint in {store.root}; check the name (growpipe "
-            "train prints it) and --checkpoint-uri (the run's checkpoint.uri)"
-        )
+def newest_whole(store: CheckpointStore, claims: Any = None, say: Callable[[str], None] | None = None) -> str:
+    """The newest complete checkpoint of a run that every load accepts (each shard hashing to its manifest,
+    loadable with weights_only); CheckpointError naming --run when there is none. With `claims`
+    (growpipe.serve.deploy.Claims) it is held before it is checked, so the run cannot prune it from then on;
+    a damaged one is skipped with a line through `say`, one pruned before it could be held silently."""
     problem = None
-    for ref in reversed(complete):
-        try:
-            store.verify(ref.path)
-        except CheckpointError as e:  # damaged, or pruned by the run meanwhile
-            problem = e
-            continue
-        return ref.path
+    for _ in range(10):  # a run writing checkpoints faster than they are held: list them again
+        complete = store.complete()
+        if not complete:
+            raise CheckpointError(
+                f"--run: run {store.run_name!r} has no complete checkpoint in {store.root}; check the name (growpipe "
+                "train prints it) and --checkpoint-uri (the run's checkpoint.uri)"
+            )
+        pruned = False
+        for ref in reversed(complete):
+            if claims is not None and not claims.hold(ref.path):
+                pruned = True
+                continue
+            try:
+                store.verify(ref.path, load=True)
+            except CheckpointError as e:  # damaged, or (not held) pruned by the run meanwhile
+                problem = e
+                if claims is not None:
+                    claims.release(ref.path)
+                    (say or _no_line)(f"skip   {ref.path.rpartition('/')[2]}: {e}")
+                continue
+            return ref.path
+        if not pruned:
+            break
     raise CheckpointError(f"--run: no checkpoint of run {store.run_name!r} is whole ({problem})")
+
+
+def _no_line(_line: str) -> None:
+    pass

@@ -24,6 +24,7 @@ from growpipe.config import (
     set_dotted,
     yaml_key_lines,
 )
+from growpipe.envvars import extra_overrides, sweep_overrides
 from growpipe.errors import ConfigError
 
 THRESHOLD_KEYS = ("threshold", "eval.confidence")
@@ -214,6 +215,7 @@ def base_raw(spec: SweepSpec) -> dict[str, Any]:
     raw = load_config(spec.config).model_dump(mode="json") if spec.config else {}
     for key, value in spec.set.items():
         set_dotted(raw, key, value)
+    raw = apply_overrides(raw, extra_overrides())  # GROWPIPE_SET: after the sweep's own set
     runtime = raw.setdefault("runtime", {})
     if spec.resources.cpus_per_stage is not None:
         runtime["cpus_per_stage"] = spec.resources.cpus_per_stage
@@ -260,7 +262,7 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None) -> SweepSpe
     listing every problem of its fields (with their lines), or else of its consistency."""
     p = Path(path)
     raw = read_yaml_mapping(p, "sweep file", "tune_configs/", "fields (name, config, search_space, ...)")
-    raw = apply_overrides(raw, overrides or [])
+    raw = apply_overrides(raw, [*(overrides or []), *sweep_overrides()])  # GROWPIPE_SWEEP_SET: after --set
     try:
         return SweepSpec.model_validate(raw)
     except ValidationError as err:

@@ -20,11 +20,18 @@ import ray
 from growpipe.config import RunConfig, build_config, dump_config
 from growpipe.errors import ConfigError, GrowpipeError
 from growpipe.fsutil import atomic_write_text
-from growpipe.tracking import default_tracking_uri, experiment_id, flatten, run_url
+from growpipe.serving import environment
+from growpipe.tracking import STOPPED_EARLY, default_tracking_uri, experiment_id, flatten, run_url
 from growpipe.tune.predictions import StoredExits, compute_exits, save_exits
 from growpipe.tune.spec import SweepSpec, base_raw, check_search_space, trial_config
 from growpipe.tune.trials import trial_run_name
 
+QUIET_TUNE = {
+    "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1",  # the result loggers are growpipe's choice: see _callbacks
+    "TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S": "0",  # "may become a bottleneck": a trial
+    # checkpoints every epoch (its epochs take seconds on small data) and Tune keeps the newest two
+}
+"""Tune's settings while a sweep runs (a variable already set is kept)."""
 TRAIN_METRICS = ("test_accuracy", "val_accuracy", "samples_per_second", "blocks")
 TRAIN_METRIC_PREFIXES = ("acc.exit", "loss.")
 THRESHOLD_METRICS = ("score", "accuracy", "macs_saved", "mean_depth", "macs_per_sample")
@@ -46,6 +53,16 @@ def _total(bundles: list[dict[str, float]]) -> dict[str, float]:
         for k, v in b.items():
             out[k] = out.get(k, 0.0) + v
     return out
+
+
+def grace_problem(spec: SweepSpec, epochs: int) -> str | None:
+    """Why ASHA cannot run over trials of at most `epochs` epochs (None: it can): its grace period is longer."""
+    if spec.kind != "train" or spec.scheduler.name != "asha" or spec.scheduler.grace_period <= epochs:
+        return None
+    return (
+        f"scheduler.grace_period: {spec.scheduler.grace_period} epochs is more than the trials' {epochs}; ASHA stops "
+        f"a trial only after its grace period: lower it to at most {epochs}, or train longer (train.epochs)"
+    )
 
 
 def metric_problem(spec: SweepSpec, cfgs: list[RunConfig]) -> str | None:
@@ -114,6 +131,8 @@ def prepare(spec: SweepSpec, address: str | None = None,
     cfgs, problems = check_search_space(spec, base)
     if why := metric_problem(spec, cfgs):
         problems.append(why)
+    if cfgs and (why := grace_problem(spec, max(c.total_epochs() for c in cfgs))):
+        problems.append(why)
     if spec.kind == "train" and any(c.engine() == "ddp" for c in cfgs):
         problems.append("runtime.engine: ddp places Ray Train workers outside a trial's placement group; "
                         "sweep bp with gpipe or 1f1b")  # fmt: skip
@@ -172,22 +191,18 @@ class SweepRecord:
         except Exception as e:
             self.say(f"warn   MLflow: could not finish the sweep run ({type(e).__name__}: {str(e)[:160]})")
 
-    def close_children(self, stopped: set[str]) -> None:
-        """Mark KILLED the MLflow runs of the trials named in `stopped` (stopped early by ASHA: tagged
-        growpipe.stopped_early) and of any trial still RUNNING (killed with its process, e.g. by an
-        interrupted sweep)."""
+    def close_children(self, outcomes: dict[str, tuple[str, str]], others: str) -> None:
+        """End the MLflow runs of the sweep's trials: each run named in `outcomes` as (status, end reason) it
+        gives (see end_trial_run), any other still RUNNING as KILLED with the end reason `others` (its
+        process was killed, e.g. with an interrupted sweep)."""
         if self.run_id is None:
             return
+        from growpipe.tune.ends import end_trial_run, trial_runs
+
         try:
-            children = self.client.search_runs(
-                [self.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{self.run_id}'"
-            )
-            for run in children:
-                early = run.info.run_name in stopped
-                if early:
-                    self.client.set_tag(run.info.run_id, "growpipe.stopped_early", "true")
-                if early or run.info.status == "RUNNING":
-                    self.client.set_terminated(run.info.run_id, status="KILLED")
+            for run in trial_runs(self.client, self.experiment_id, self.run_id):
+                status, reason = outcomes.get(run.info.run_name, ("KILLED", others))
+                end_trial_run(self.client, run, status, reason)
         except Exception as e:
             self.say(f"warn   MLflow: could not close the trial runs ({type(e).__name__}: {str(e)[:160]})")
 
@@ -220,7 +235,8 @@ def _stop(spec: SweepSpec, cfgs: list[RunConfig]) -> dict[str, int] | None:
 
 
 def _search(spec: SweepSpec) -> Any:
-    """Tune's variant generator (grid and random draws) or Optuna's TPE sampler, seeded."""
+    """Tune's variant generator (grid and random draws; it limits the trials at once itself: Tune ignores
+    TuneConfig.max_concurrent_trials for it) or Optuna's TPE sampler, seeded."""
     if spec.search == "optuna":
         import optuna
         from ray.tune.search.optuna import OptunaSearch
@@ -228,7 +244,18 @@ def _search(spec: SweepSpec) -> Any:
         return OptunaSearch(sampler=optuna.samplers.TPESampler(seed=spec.seed))
     from ray.tune.search import BasicVariantGenerator
 
-    return BasicVariantGenerator(random_state=spec.seed)
+    return BasicVariantGenerator(random_state=spec.seed, max_concurrent=spec.resources.max_concurrent_trials or 0)
+
+
+def _callbacks(spec: SweepSpec, base: dict[str, Any], record: SweepRecord) -> list[Any]:
+    """Tune's result files (CSV and JSON, what ExperimentAnalysis reads; not TensorBoard's, whose command
+    Tune would print though this environment has no tensorboard) and the trials' MLflow ends."""
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
+
+    from growpipe.tune.ends import TrialEnds
+
+    ends = [TrialEnds(tracking, base, spec.kind)] if (tracking := record.child_tracking(spec)) else []
+    return [CSVLoggerCallback(), JsonLoggerCallback(), *ends]
 
 
 def _source_exits(
@@ -337,17 +364,19 @@ def run_sweep(spec: SweepSpec, address: str | None = None, say: Callable[[str], 
                 param_space=space,
                 tune_config=tune.TuneConfig(
                     metric=spec.objective, mode=spec.mode, num_samples=spec.num_samples, search_alg=_search(spec),
-                    scheduler=_scheduler(spec, cfgs), max_concurrent_trials=spec.resources.max_concurrent_trials,
+                    scheduler=_scheduler(spec, cfgs),
+                    max_concurrent_trials=spec.resources.max_concurrent_trials if spec.search == "optuna" else None,
                 ),
                 run_config=tune.RunConfig(
                     name="trials", storage_path=str(out), verbose=1 if spec.kind == "train" else 0,
                     failure_config=tune.FailureConfig(max_failures=0),
                     checkpoint_config=tune.CheckpointConfig(num_to_keep=4 if spec.scheduler.name == "pbt" else 2),
-                    stop=_stop(spec, cfgs),
+                    stop=_stop(spec, cfgs), callbacks=_callbacks(spec, base, record),
                 ),
             )  # fmt: skip
         try:
-            grid = tuner.fit()
+            with environment({k: v for k, v in QUIET_TUNE.items() if k not in os.environ}):
+                grid = tuner.fit()
         except BaseException:
             _interrupted(record, state, spec, say)
             raise
@@ -399,7 +428,7 @@ def _unfinished(spec: SweepSpec, out: Path) -> bool:
 
 
 def _interrupted(record: SweepRecord, state: SweepState, spec: SweepSpec, say: Callable[[str], None]) -> None:
-    record.close_children(set())  # a trial Tune killed mid-epoch could not end its run: KILLED, like the sweep
+    record.close_children({}, "killed: the sweep was interrupted")  # KILLED like the sweep; a resume reopens them
     record.finish({}, [], "KILLED")
     state.write(status="interrupted")
     say(f"sweep  {spec.name} interrupted; run the same growpipe sweep command again to resume it "
@@ -432,11 +461,14 @@ def _finish(
             "error": str(r.error).splitlines()[0] if r.error else None,
             "checkpoint": r.checkpoint.path if r.checkpoint else None,
         })  # fmt: skip
-    if spec.kind == "train":
-        planned = {t["trial"]: trial_config(base, t["params"]).total_epochs() for t in trials}
-        for t in trials:
-            t["stopped_early"] = not t["error"] and (t["epochs"] or 0) < planned[t["trial"]]
-        record.close_children({trial_run_name(spec.name, t["trial"]) for t in trials if t["stopped_early"]})
+    from growpipe.tune.ends import trial_outcome
+
+    outcomes = {}
+    for t in trials:
+        planned = trial_config(base, t["params"]).total_epochs() if spec.kind == "train" else None
+        outcomes[trial_run_name(spec.name, t["trial"])] = outcome = trial_outcome(t["error"], t["epochs"], planned)
+        t["stopped_early"] = outcome[1] == STOPPED_EARLY
+    record.close_children(outcomes, "killed: its trial ended without recording it")  # what TrialEnds left
     ok = [t for t in trials if t["metric"] is not None and not t["error"]]
     if not ok:
         errors = "; ".join(t["error"] for t in trials if t["error"]) or "no trial reported the metric"

@@ -41,10 +41,13 @@ def train_trial(
     from ray.util import get_current_placement_group
 
     from growpipe.checkpoint import CheckpointStore
+    from growpipe.quiet import quiet_exit, quiet_libraries
     from growpipe.resume import continue_from
     from growpipe.runtime.pipeline import Pipeline
     from growpipe.tracking import epoch_metrics
 
+    quiet_libraries()  # this trial's process: Ray Train's line per checkpoint, MLflow's INFO lines
+    quiet_exit()  # Tune ends a trial it stops with SIGTERM: no "Exception ignored ... SystemExit" traceback
     ctx = tune.get_context()
     name = trial_run_name(sweep, ctx.get_trial_id())
     # the trial's run folder is its own: a restart that Tune hands no checkpoint starts over in it
@@ -155,6 +158,9 @@ def threshold_trial(
     """Score one exit threshold (and confidence measure) on stored per-exit predictions: no training."""
     from ray import tune
 
+    from growpipe.quiet import quiet_libraries
+
+    quiet_libraries()
     th = float(params["threshold"])
     kind = params.get("eval.confidence", confidence)
     metrics = stored.trade_off(th, kind, cost_weight)
@@ -175,4 +181,5 @@ def _log_child_run(tracking: dict[str, Any], name: str, th: float, kind: str, me
         client.log_param(run.info.run_id, "eval.confidence", kind)
         for k, v in metrics.items():
             client.log_metric(run.info.run_id, k, v)
+        client.set_tag(run.info.run_id, "growpipe.end_reason", "finished")
         client.set_terminated(run.info.run_id)

@@ -1,0 +1,109 @@
+"""Library log lines a user cannot act on, kept out of growpipe's output.
+
+MLflow's INFO lines (creating its tables, the system-metrics monitor starting and stopping, validating the
+input example), alembic's, Ray's start-up line (growpipe prints the dashboard itself), Ray Train's and Tune's
+bookkeeping (a line per trial checkpoint, the experiment state written) and two warnings that do not apply
+(NOT_NEWS). Every process growpipe's code runs in calls quiet_libraries() before the libraries speak: the
+command before Ray starts (growpipe.runtime.pipeline.connect), a run's controller actor (its MLflow tracker),
+a Tune trial, a Serve replica. `MLFLOW_LOGGING_LEVEL=INFO` brings MLflow's lines back. A driver that joins a
+cluster also leaves out the lines of Ray's job supervisors (a job's end, sent to every driver there).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+MLFLOW_LOGGING_LEVEL = "MLFLOW_LOGGING_LEVEL"
+"""MLflow (3.17) sets its loggers' level from this variable when it is imported: set before, it holds in every
+process that inherits it (an embedded Ray's workers, and a run's actors: MLFLOW_* are forwarded)."""
+
+QUIET_LOGGERS = (
+    "alembic",  # "Context impl SQLiteImpl", "Will assume non-transactional DDL" when MLflow makes its tables
+    "ray._private.worker",  # "Started a local Ray instance. View the dashboard at ..."
+    "ray._private.authentication",  # "Generated new authentication token and saved to ~/.ray/auth_token"
+    "ray.train",  # "Checkpoint successfully created at: Checkpoint(...)" for every report of a trial
+    "ray.tune.tune",  # "Wrote the latest version of all result files and experiment state to ..."
+)
+"""Loggers held at WARNING (their INFO lines are bookkeeping); their warnings still show."""
+
+NOT_NEWS = {
+    "ray.serve": ("is larger than `max_ongoing_requests`",),
+    "ray.tune.tune": ("Stop signal received", "Experiment has been interrupted, but the most recent state was saved"),
+    "ray.tune.utils.util": ("which may be a performance bottleneck",),
+}
+"""Warnings dropped, by logger: Serve compares `max_batch_size` (rows for growpipe's replicas: serve.batch's
+batch_size_fn counts them) with `max_ongoing_requests` (requests); Tune's lines on an interrupted sweep call
+SIGTERM Ctrl+C and name Tuner.restore, where growpipe says it was interrupted and that the same command
+resumes it (growpipe.tune.sweep); Tune's timing of its own steps ("took 0.768 s, which may be a performance
+bottleneck") is a loaded machine's, not something a sweep file changes."""
+
+
+class _DropNotNews(logging.Filter):
+    def __init__(self, texts: tuple[str, ...]):
+        super().__init__()
+        self.texts = texts
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(text in message for text in self.texts)
+
+
+def quiet_libraries() -> None:
+    """Keep library lines a user cannot act on out of this process's output (and out of the processes it
+    starts): MLflow at WARNING unless $MLFLOW_LOGGING_LEVEL says otherwise, the QUIET_LOGGERS at WARNING, the
+    NOT_NEWS warnings dropped. Idempotent."""
+    os.environ.setdefault(MLFLOW_LOGGING_LEVEL, "WARNING")
+    level = logging.getLevelName(os.environ[MLFLOW_LOGGING_LEVEL].strip().upper())
+    logging.getLogger("mlflow").setLevel(level if isinstance(level, int) else logging.WARNING)  # imported before
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    for name, texts in NOT_NEWS.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropNotNews) for f in logger.filters):
+            logger.addFilter(_DropNotNews(texts))
+
+
+RAY_JOB_ACTORS = ("JobSupervisor",)
+"""Ray's own actors on a cluster with jobs (`ray job submit`): each job's supervisor says the job's end at INFO,
+and Ray hands such lines (they belong to no job) to every driver on the cluster, another job's too."""
+
+
+def quiet_ray_job_actors() -> None:
+    """Keep the lines of RAY_JOB_ACTORS out of this driver's output (call once it has joined a cluster with
+    ray.init(log_to_driver=True): that registers the handler wrapped here). Idempotent."""
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    for name, handler in list(dispatcher.handlers):
+        if name == "ray_print_logs" and not getattr(handler, "growpipe_quiet", False):
+            dispatcher.remove_handler(name)
+            dispatcher.add_handler(name, _without_job_actors(handler))
+
+
+def _without_job_actors(handler: Any) -> Any:
+    def handle(data: dict[str, Any]) -> None:
+        if data.get("actor_name") not in RAY_JOB_ACTORS:
+            handler(data)
+
+    handle.growpipe_quiet = True  # type: ignore[attr-defined]
+    return handle
+
+
+def quiet_exit() -> None:
+    """For a process Ray ends with SIGTERM (a Tune trial that Tune stopped): Ray's handler raises SystemExit
+    wherever the main thread is, and where that is a weakref callback or a __del__, Python prints it as an
+    ignored exception with its traceback, though the process is only being ended. Such SystemExits are not
+    printed; any other ignored exception is, as before. Idempotent."""
+    previous = sys.unraisablehook
+    if getattr(previous, "growpipe_quiet", False):
+        return
+
+    def hook(unraisable: Any) -> None:
+        if unraisable.exc_type is not None and issubclass(unraisable.exc_type, SystemExit):
+            return
+        previous(unraisable)
+
+    hook.growpipe_quiet = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
