@@ -137,7 +137,11 @@ def test_doc_running(view: Path, fm: Path, ray_session):
 def test_doc_resume(view: Path):
     name = unique("resumed")
     env = environment(growpipe_set="grow.schedule=[]; data.limit_train=256; data.limit_test=128")
-    sh(f".venv/bin/growpipe train --config configs/demo.yaml --set name={name} --set train.epochs=2", view, env)
+    sh(
+        f".venv/bin/growpipe train --config configs/demo.yaml --set name={name} --set train.epochs=2 --runtime local",
+        view,
+        env,
+    )  # the run to resume (in one process: its checkpoints are the same)
     outs = run_block(block("resume"), view, env, {"NAME": name, "name=mine": f"name={unique('mine')}"})
     assert "epoch  20/20" in outs[1].stdout and "epoch   3/20" in outs[1].stdout, outs[1].stdout
     assert "epoch   1/12" in outs[2].stdout  # auto: no checkpoint of that name yet, so it starts
@@ -170,25 +174,20 @@ def test_doc_api_train(view: Path):
     _quiet(out)
 
 
-def test_doc_api_grow(view: Path, tmp_path: Path):
-    name = unique("api-grow")
-    with held_run(view, name, tmp_path / "gate"):
-        out = python_block(block("api-grow"), view, environment(), {"NAME": name})
-    assert "'blocks': 3" in out.stdout, out.stdout
-    _quiet(out)
-
-
-def test_doc_growth(view: Path, tmp_path: Path):
+def test_doc_growth_and_api_grow(view: Path, tmp_path: Path):
+    """docs/growth.md's two requests and docs/api.md's growpipe.grow, on one running job."""
     name = unique("grows")
-    bands = ("data.feature_groups.scheme=bands", "data.feature_groups.count=4", "grow.max_blocks=4")
+    bands = ("data.feature_groups.scheme=bands", "data.feature_groups.count=4", "grow.max_blocks=5")
     with held_run(view, name, tmp_path / "gate", bands) as run:
         address = json.loads((view / "runs" / "clusters" / f"{name}.json").read_text())["address"]
         outs = run_block(block("growth"), view, environment(), {"NAME": name, "ADDRESS": address})
+        outs.append(python_block(block("api-grow"), view, environment(), {"NAME": name}))
         (tmp_path / "gate").touch()
         assert run.wait() == 0, run.output()[-3000:]
     assert f"run {name}: +layer block 2 -> 3 blocks" in outs[0].stdout, outs[0].stdout
     assert f"run {name}: +feature block 3 -> 4 blocks" in outs[1].stdout, outs[1].stdout
-    assert "al on digits (mlp, 4 blocks" in run.output()
+    assert "'blocks': 5" in outs[2].stdout and "'kind': 'layer'" in outs[2].stdout, outs[2].stdout
+    assert "al on digits (mlp, 5 blocks" in run.output()
     _quiet(*outs)
 
 

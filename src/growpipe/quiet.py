@@ -30,11 +30,13 @@ QUIET_LOGGERS = (
 """Loggers held at WARNING (their INFO lines are bookkeeping); their warnings still show."""
 
 NOT_NEWS = {
+    "asyncio": ("LongPollClient._poll_next",),  # a Serve handle's poll that outlived the Ray it polled at exit
     "ray.serve": ("is larger than `max_ongoing_requests`",),
     "ray.tune.tune": ("Stop signal received", "Experiment has been interrupted, but the most recent state was saved"),
     "ray.tune.utils.util": ("which may be a performance bottleneck",),
 }
-"""Warnings dropped, by logger: Serve compares `max_batch_size` (rows for growpipe's replicas: serve.batch's
+"""Warnings dropped, by logger: asyncio's report of a Serve handle polling after `growpipe serve` shut its Ray
+down (the answer to a stop, not a failure); Serve compares `max_batch_size` (rows for growpipe's replicas: serve.batch's
 batch_size_fn counts them) with `max_ongoing_requests` (requests); Tune's lines on an interrupted sweep call
 SIGTERM Ctrl+C and name Tuner.restore, where growpipe says it was interrupted and that the same command
 resumes it (growpipe.tune.sweep); Tune's timing of its own steps ("took 0.768 s, which may be a performance

@@ -88,4 +88,6 @@ def run(source: Source, options: ServeOptions, *, follow_run: bool, address: str
             with contextlib.suppress(Exception):  # job has seconds before it is killed)
                 serve.delete(APP, _blocking=False)
         if owns:  # an embedded Ray takes Serve with it; a joined one is only disconnected from
+            # a Serve handle still polling would start a new local Ray (ray.init from its thread) after this
+            ray._private.auto_init_hook.enable_auto_connect = False
             ray.shutdown()
