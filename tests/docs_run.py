@@ -8,7 +8,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -150,9 +149,6 @@ def python_block(b: Block | list[Block], cwd: Path, env: dict[str, str], names: 
     script = cwd / f"block_{parts[0].doc.replace('/', '_')}_{parts[0].line}.py"
     script.write_text(text + "\n")
     return sh(f"{REPO / '.venv' / 'bin' / 'python'} {script}", cwd, env, timeout)
-
-
-PYTHON = sys.executable
 
 
 def answers(url: str, server: Background | None = None) -> bool:

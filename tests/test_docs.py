@@ -9,7 +9,6 @@ from __future__ import annotations
 import gzip
 import json
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -193,9 +192,7 @@ def test_doc_growth_and_api_grow(view: Path, tmp_path: Path):
 
 if __name__ == "__main__":  # the list of blocks and what becomes of each
     for b in all_blocks():
-        print(f"{b.where:28} {b.language or '-':7} {b.key or ('not run: ' + b.reason if b.reason else '')}",
-              file=sys.stdout)  # fmt: skip
-    _ = (TINY, Background, wait_until)
+        print(f"{b.where:28} {b.language or '-':7} {b.key or ('not run: ' + b.reason if b.reason else '')}")
 
 
 @pytest.mark.timeout(1200)

@@ -33,7 +33,12 @@ every trial of a sweep take them; growpipe evaluate does not (it evaluates what 
 
 def extra_overrides() -> list[str]:
     """The items of GROWPIPE_SET (none when unset)."""
-    return [item.strip() for item in os.environ.get(GROWPIPE_SET, "").split(";") if item.strip()]
+    return _items(GROWPIPE_SET)
+
+
+def _items(variable: str) -> list[str]:
+    """The `key=value` items of a semicolon-separated override variable (none when unset)."""
+    return [item.strip() for item in os.environ.get(variable, "").split(";") if item.strip()]
 
 
 GROWPIPE_SWEEP_SET = "GROWPIPE_SWEEP_SET"
@@ -43,7 +48,7 @@ e.g. "num_samples=2": with GROWPIPE_SET (small trials) a smoke run of a document
 
 def sweep_overrides() -> list[str]:
     """The items of GROWPIPE_SWEEP_SET (none when unset)."""
-    return [item.strip() for item in os.environ.get(GROWPIPE_SWEEP_SET, "").split(";") if item.strip()]
+    return _items(GROWPIPE_SWEEP_SET)
 
 
 GROWPIPE_FAULT_AT = "GROWPIPE_FAULT_AT"

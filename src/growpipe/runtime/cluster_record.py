@@ -21,11 +21,11 @@ def record_file(workdir: str | Path, run_name: str) -> Path:
     return Path(workdir) / "clusters" / f"{run_name}.json"
 
 
-def record_cluster(workdir: str | Path, run_name: str, address: str, auth: str | None = None) -> Path | None:
+def record_cluster(workdir: str | Path, run_name: str, address: str) -> Path | None:
     """Record that run `run_name` runs on the cluster whose GCS is at `address`, with the authentication mode
-    its processes use (`auth`, default this process's: "token" or "disabled"; never a token itself), atomically;
-    None when the folder cannot be written: a run never fails for it, `growpipe grow` then needs --address."""
-    record = {"run": run_name, "address": address, "auth": auth or auth_mode(), "started": time.time()}
+    this process uses there ("token" or "disabled"; never a token itself), atomically; None when the folder
+    cannot be written: a run never fails for it, `growpipe grow` then needs --address."""
+    record = {"run": run_name, "address": address, "auth": auth_mode(), "started": time.time()}
     try:
         return atomic_write_json(record_file(workdir, run_name), record)
     except OSError:
