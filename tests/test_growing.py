@@ -1,5 +1,6 @@
 """Growing a running job on a real local Ray: requests from outside, refusals, policies, the pause."""
 
+import json
 import math
 import os
 import threading
@@ -128,6 +129,9 @@ def test_requests_grow_a_running_job_one_at_a_time_bad_ones_change_nothing_a_fin
     assert f"asked the Ray cluster at {address} (--address {address}): choose another with --address" in missing.stderr
     # one after the other, never both on block 1
     assert sorted([answers[0]["block"], int(cli_block.group(1))]) == [2, 3]
+    cli_answer = json.loads(ok.stdout.strip().splitlines()[-1])
+    first = next(a for a in [answers[0], cli_answer] if a["block"] == 2)
+    assert first["standby"]  # block 2's actor was started with the run (grow.standby): only built on request
     assert [g["blocks"] for g in result["growth"]] == [3, 4] and result["blocks"] == 4
     assert all(g["source"] == "request" for g in result["growth"])
     # mid-epoch: the pipeline paused before batch HOLD, grew, resumed there and paused again for the second
@@ -258,6 +262,7 @@ def test_growth_waits_for_capacity_then_gives_up_clearly_and_the_run_goes_on(mon
     monkeypatch.setenv("GROWPIPE_HOLD_AT", f"1:{HOLD}:{gate}")
     cfg = _slow_run("capacity", epochs=3).model_copy(deep=True)
     cfg.runtime.placement_timeout_s = 3.0
+    cfg.grow.standby = "never"  # a standby would hold the room this test takes away
     with Pipeline(cfg) as p:
         run = _Background(p)
         _wait_for_epoch(p, 1)

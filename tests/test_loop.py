@@ -18,7 +18,15 @@ from growpipe.growth import grow_refusal
 from growpipe.loop.callbacks import RunCallback
 from growpipe.loop.engine import EpochPart, Prepared, WorkerLost
 from growpipe.loop.loop import RunLoop
-from growpipe.loop.policies import CheckpointTiming, Raise, Retry, better_epoch, decide_failure, pack_host
+from growpipe.loop.policies import (
+    CheckpointTiming,
+    Raise,
+    Retry,
+    better_epoch,
+    decide_failure,
+    pack_host,
+    want_standby,
+)
 from growpipe.loop.stats import StageStats, merge_by_stage
 from growpipe.nn.specs import InputInfo
 from tests.conftest import tiny_config
@@ -396,6 +404,17 @@ def test_policies_decide_without_a_run():
     assert CheckpointTiming(True, 1, 4).next_stop(5) == 8 and CheckpointTiming(False, 1, 4).next_stop(0) is None
     assert grow_refusal("r", 2, 0, 3) is None and "counting 1 request" in grow_refusal("r", 2, 1, 3)
     assert pack_host("pack", 1) == 1 and pack_host("fail", 1) is None
+
+
+def test_a_standby_actor_is_started_while_the_run_can_grow_and_the_room_is_there_now():
+    cpu, gpu = {"CPU": 1.0}, {"CPU": 1.0, "GPU": 1.0}
+    room = {"CPU": 2.0, "GPU": 1.0}
+    assert want_standby("auto", depth=2, max_blocks=3, bundle=cpu, available=room)
+    assert not want_standby("auto", 3, 3, cpu, room)  # at max_blocks: no growth to wait for
+    assert not want_standby("auto", 2, 3, gpu, room)  # auto never holds a GPU idle
+    assert want_standby("always", 2, 3, gpu, room)
+    assert not want_standby("never", 2, 3, cpu, room)
+    assert not want_standby("always", 2, 3, cpu, {"CPU": 0.5})  # no waiting for room, no autoscaler request
 
 
 def test_stage_stats_merge_pieces_of_an_epoch():

@@ -492,6 +492,11 @@ class GrowSpec(_Strict):
     on_no_capacity: Literal["fail", "pack"] = "fail"
     """A new block whose stage cannot be placed within runtime.placement_timeout_s: fail the growth (a
     request is refused, a planned growth ends the run), or pack the block into the last stage's actor."""
+    standby: Literal["auto", "always", "never"] = "auto"
+    """Start the stage actor of the next block while the run can still grow (below max_blocks), so that a
+    growth only builds the block (a stage's start-up is seconds of imports): a request is answered in about a
+    second. It holds one stage's resources idle until then. auto: when a stage holds no GPU and the cluster
+    has the room now; always: GPU stages too; never: start each grown block's actor on demand."""
 
     @model_validator(mode="after")
     def _one_policy(self) -> GrowSpec:

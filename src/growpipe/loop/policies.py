@@ -5,7 +5,8 @@
 - skipped batches: a block that skipped every batch of an epoch ends the run;
 - checkpoints: which epoch ends and batches get a restore point;
 - the grow limit (requests and planned steps alike): growpipe.growth.grow_refusal;
-- no capacity for a new block: pack it into an existing worker, or fail.
+- no capacity for a new block: pack it into an existing worker, or fail;
+- a standby actor for the next block: start one now, or not.
 
 When the net grows by plan is growpipe.growth.GrowthPlan's decision.
 """
@@ -89,6 +90,18 @@ def pack_host(on_no_capacity: str, last_host: int) -> int | None:
     """Where a block goes that cannot get a worker of its own within runtime.placement_timeout_s: into the
     actor that runs the last block (`last_host`) when grow.on_no_capacity is pack; None: the growth fails."""
     return last_host if on_no_capacity == "pack" else None
+
+
+def want_standby(setting: str, depth: int, max_blocks: int, bundle: dict[str, float],
+                 available: dict[str, float]) -> bool:  # fmt: skip
+    """Whether to start the actor of the next grown block now (grow.standby): the run can still grow, the
+    setting allows a stage of this `bundle` to wait idle (auto: no GPU in it), and the cluster's `available`
+    resources hold it now (a standby never waits for room, nor asks an autoscaler for a node)."""
+    if setting == "never" or depth >= max_blocks:
+        return False
+    if setting == "auto" and bundle.get("GPU", 0) > 0:
+        return False
+    return all(available.get(k, 0.0) >= v for k, v in bundle.items())
 
 
 def better_epoch(best_val: float | None, row: dict[str, Any]) -> bool:

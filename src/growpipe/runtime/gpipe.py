@@ -76,6 +76,7 @@ class BPPipelineEngine(StageEngine):
         if self.one_f_one_b:  # the dataset's own size (stage 0 read it), below data.limit_train or without it
             check_1f1b(self.cfg, math.ceil(self.n / self.cfg.data.batch_size))
         self._setup_all(specs)
+        self.keep_standby()
         k, cfg = len(specs), self.cfg
         how = (f"{cfg.bp_pipeline.micro_batches} micro-batches per mini-batch" if not self.one_f_one_b
                else "an update per mini-batch, no flush")  # fmt: skip
@@ -167,7 +168,8 @@ class BPPipelineEngine(StageEngine):
             self._discard(slot)
             raise
         return Prepared(spec, f"stage actor {spec.index} ({slot.block_name})", slot, cacheable=False,
-                        extra={"stage": stage_actor_name(self.run_name, spec.index), "packed": False})  # fmt: skip
+                        extra={"stage": stage_actor_name(self.run_name, spec.index), "packed": False,
+                               "standby": slot.ahead})  # fmt: skip
 
     def attach_block(self, block: Prepared, freeze: bool) -> None:
         if freeze:
@@ -179,6 +181,7 @@ class BPPipelineEngine(StageEngine):
         else:
             refs = [self.slots[-2].handle.set_last.remote(False)]
         self._get_all(refs, "rewiring the stages")
+        self.keep_standby()
 
     def cache_prefix(self) -> dict[str, Any] | None:
         return None  # BP's frozen stages forward every batch (no prefix cache for pipelined BP)
@@ -188,12 +191,14 @@ class BPPipelineEngine(StageEngine):
 
     def recover(self, specs: list[BlockSpec], layout: Layout | None) -> str:
         old = self.slots
+        self.drop_standby()
         self._kill_all()
         for slot in old[len(specs) :]:
             self._discard(slot)
         self.slots = [self._launch(i, o.pg, o.bundle, o.owns_pg) for i, o in enumerate(old[: len(specs)])]
         self._get(self.slots[0].handle.load_data.remote(), "stage 0 loading the data again")
         self._setup_all(specs)
+        self.keep_standby()
         return f"{len(specs)} stage actors"
 
     def extras(self) -> dict[str, Any]:

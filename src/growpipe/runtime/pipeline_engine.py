@@ -45,6 +45,7 @@ class PipelineEngine(StageEngine):
         for i in range(1, len(specs)):
             self.slots.append(self._stage_slot(i) if hosts[i] is None else self._packed(hosts[i]))
         self._setup(specs)
+        self.keep_standby()
         cfg = self.cfg
         names = ", ".join(s.block_name for s in self.slots)
         t = self.transport
@@ -140,7 +141,8 @@ class PipelineEngine(StageEngine):
             raise
         actor = spec.index if slot.host is None else slot.host
         where = f"stage actor {spec.index}" if slot.host is None else f"packed into stage actor {slot.host}"
-        extra = {"stage": stage_actor_name(self.run_name, actor), "packed": slot.host is not None}
+        extra = {"stage": stage_actor_name(self.run_name, actor), "packed": slot.host is not None,
+                 "standby": slot.ahead}  # fmt: skip
         return Prepared(spec, f"{where} ({slot.block_name})", slot, cacheable=slot.host is None, extra=extra)
 
     def attach_block(self, block: Prepared, freeze: bool) -> None:
@@ -157,6 +159,7 @@ class PipelineEngine(StageEngine):
             self._wire_transport()
         else:
             self._get(slot.handle.attach_packed.remote(slot.index), "packing the block")
+        self.keep_standby()
 
     def discard_block(self, block: Prepared) -> None:
         slot: Slot = block.handle
@@ -194,6 +197,7 @@ class PipelineEngine(StageEngine):
         block in its own actor in its home bundle (spread), or packed after another block (shrunk: its
         home is gone); then build `specs` again."""
         old = self.slots[: len(specs)]
+        self.drop_standby()
         self._kill_all()
         for slot in self.slots[len(specs) :]:  # grown after the checkpoint: that growth is undone
             self._discard(slot)
@@ -212,6 +216,7 @@ class PipelineEngine(StageEngine):
         self.source = 0
         self._get(self.slots[0].handle.load_data.remote(), "stage 0 loading the data again")
         self._setup(specs)
+        self.keep_standby()
         return f"{layout.actors} stage actors for {len(specs)} blocks"
 
     def topology(self) -> TopologyView:

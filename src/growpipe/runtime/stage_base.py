@@ -4,6 +4,7 @@ holds, reading the data when it is stage 0, and its part of checkpoints, freezin
 from __future__ import annotations
 
 import copy
+import importlib
 import math
 import os
 from dataclasses import replace
@@ -28,6 +29,12 @@ ALL_EXITS = -1.0
 """eval_packet's threshold for the evaluation pass: every exit computed for every sample."""
 
 
+def warm_torch() -> None:
+    """torch.optim's first optimizer imports torch._dynamo (2-3 s on a small machine): done when a stage actor
+    starts, so that a block built on a grow request in a standby actor (grow.standby) does not pay it."""
+    importlib.import_module("torch._dynamo")
+
+
 class StageBase:
     """A stage actor's blocks: its own (`block`) and any packed after it, by block index."""
 
@@ -35,6 +42,7 @@ class StageBase:
         self.index = index
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
+        warm_torch()
         if self.device.type == "cpu":
             set_cpu_threads(max(1, int(cfg.runtime.cpus_per_stage)))
         self.block: Any = None

@@ -9,12 +9,13 @@ import time
 from typing import Any
 
 import ray
-from ray.util.placement_group import placement_group_table, remove_placement_group
+from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
 from growpipe.checkpoint import CheckpointStore
 from growpipe.config import RunConfig
 from growpipe.errors import PipelineError, StageLostError
 from growpipe.loop.engine import Prepared, WorkerLost
+from growpipe.loop.policies import want_standby
 from growpipe.nn.backbones import FEATURE_FAMILIES
 from growpipe.nn.inference import Exited, ExitPredictions, early_exit_report, evaluate_exits, exit_costs
 from growpipe.nn.net import GrowableNet
@@ -38,6 +39,7 @@ class Slot:
         self.home: tuple[Any, int, bool] | None = (pg, bundle, owns_pg) if host is None else None
         self.spec: BlockSpec | None = None
         self.block_name = "?"
+        self.ahead = False  # started before its block was asked for (grow.standby)
 
     @property
     def index(self) -> int:
@@ -65,6 +67,7 @@ class StageEngine:
         self._reserved_pg, self._next_bundle = reserved if reserved else (None, 0)
         self._eval_bytes = {"activations": 0, "results": 0}
         self._early: dict[int, Slot] = {}  # stages open() started before their blocks were planned
+        self._standby: tuple[int, Slot] | None = None  # (block index, slot): the next grown block's actor
 
     # ---- placement ------------------------------------------------------------------------------------
     def open(self, layout: dict[str, Any] | None = None) -> tuple[InputInfo, dict[str, Any]]:
@@ -96,7 +99,11 @@ class StageEngine:
         return early if early is not None else self._launch_in_shared(index)
 
     def _launch_for_growth(self, index: int) -> Slot:
-        """A new stage: the next reserved bundle, or a placement group of its own."""
+        """A new stage: the standby started for this block, else the next reserved bundle, or a placement group
+        of its own."""
+        standby = self._take_standby(index)
+        if standby is not None:
+            return standby
         if self._reserved_pg is not None:
             return self._launch_in_shared(index)
         return self._launch(index, make_stage_pg(self.cfg, 1, "PACK"), 0, owns_pg=True)
@@ -108,6 +115,55 @@ class StageEngine:
         name = stage_actor_name(self.run_name, index)
         opts = in_bundle(actor, self.cfg, pg, bundle_index, name=name, max_concurrency=1)
         return Slot(opts.remote(index, self.cfg), pg, owns_pg, bundle_index)
+
+    # ---- the standby: the next grown block's actor, started ahead (grow.standby) -----------------------
+    def keep_standby(self) -> None:
+        """Start the actor of block len(slots) now when policies.want_standby says so; nothing waits for it."""
+        if self._standby is not None:
+            return
+        bundle = stage_bundle(self.cfg, ray.cluster_resources().get("GPU", 0) > 0)
+        if self._reserved_pg is not None:  # a Tune trial's bundles are reserved for its growth already
+            available = bundle if self._next_bundle < len(self._reserved_pg.bundle_specs) else {}
+        else:
+            available = ray.available_resources()
+        index = len(self.slots)
+        if not want_standby(self.cfg.grow.standby, index, self.cfg.max_blocks(), bundle, available):
+            return
+        if self._reserved_pg is not None:
+            slot = self._launch_in_shared(index)
+        else:
+            slot = self._launch(index, placement_group([bundle], strategy="PACK"), 0, owns_pg=True)
+        self._standby = (index, slot)
+
+    def _take_standby(self, index: int) -> Slot | None:
+        """The standby for block `index` when it is placed and alive; else it is dropped (None)."""
+        if self._standby is None:
+            return None
+        for_index, slot = self._standby
+        placed = for_index == index and (not slot.owns_pg or ray.wait([slot.pg.ready()], timeout=0)[0])
+        if placed:
+            try:
+                ray.get(slot.handle.__ray_ready__.remote(), timeout=self.cfg.runtime.stage_timeout_s)
+                self._standby = None
+                slot.ahead = True
+                return slot
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                pass  # its node was lost, or it never started: place the block afresh
+        self.drop_standby()
+        return None
+
+    def drop_standby(self, reuse_name: bool = True) -> None:
+        """Kill the standby and release its bundle (a recovery needs the room; the run ends); `reuse_name`: wait
+        until Ray frees its actor's name (another actor for that block follows)."""
+        if self._standby is None:
+            return
+        index, slot = self._standby
+        self._standby = None
+        self._discard(slot)
+        if not slot.owns_pg and slot.bundle == self._next_bundle - 1:
+            self._next_bundle -= 1  # the reserved bundle goes to the next launch again
+        if reuse_name:
+            names_free([stage_actor_name(self.run_name, index)])
 
     def _resources_text(self) -> str:
         b = stage_bundle(self.cfg, ray.cluster_resources().get("GPU", 0) > 0)
@@ -247,6 +303,7 @@ class StageEngine:
 
     def stop(self) -> None:
         """Kill every stage actor and release every placement group (they outlive the actor that made them)."""
+        self.drop_standby(reuse_name=False)
         for slot in [*self.slots, *self._early.values()]:
             with contextlib.suppress(Exception):  # already dead
                 ray.kill(slot.handle, no_restart=True)
