@@ -32,7 +32,7 @@ replace. `base` is not a field: it works only in a file (not with `--set`), and 
 (checkpoints, MLflow, `partition --write`) is the merged one. A problem with a key the base gives names
 the base file and its line.
 
-Generated from `src/growpipe/config.py` by `python -m growpipe.config_reference docs/configuration.md`;
+Generated from `src/growpipe/config/` by `python -m growpipe.config_reference docs/configuration.md`;
 do not edit by hand.
 """
 

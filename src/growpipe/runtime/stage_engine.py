@@ -140,7 +140,7 @@ class StageEngine:
         if self._standby is None:
             return None
         for_index, slot = self._standby
-        placed = for_index == index and (not slot.owns_pg or ray.wait([slot.pg.ready()], timeout=0)[0])
+        placed = for_index == index and (not slot.owns_pg or placement_group_table(slot.pg).get("state") == "CREATED")
         if placed:
             try:
                 ray.get(slot.handle.__ray_ready__.remote(), timeout=self.cfg.runtime.stage_timeout_s)

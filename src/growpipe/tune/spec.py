@@ -14,9 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from growpipe.config import (
     RunConfig,
-    _format_errors,
     apply_overrides,
     build_config,
+    format_errors,
     load_config,
     problem_lines,
     read_yaml_mapping,
@@ -171,7 +171,7 @@ class SweepSpec(_Strict):
     @model_validator(mode="after")
     def _consistent(self) -> SweepSpec:
         if problems := self._problems():
-            raise ValueError("\n".join(problems))  # one line each (see config._format_errors)
+            raise ValueError("\n".join(problems))  # one line each (see config.format_errors)
         return self
 
     def _problems(self) -> list[str]:
@@ -266,5 +266,5 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None) -> SweepSpe
     try:
         return SweepSpec.model_validate(raw)
     except ValidationError as err:
-        text = _format_errors(err, str(p), yaml_key_lines(p.read_text()))
+        text = format_errors(err, str(p), yaml_key_lines(p.read_text()))
         raise ConfigError(text.replace("(see configs/", "(see tune_configs/")) from None
