@@ -220,13 +220,14 @@ def _f(v: float | None, fmt: str) -> str:
     return "n/a" if v is None else format(v, fmt)
 
 
-def markdown(rows: list[dict[str, Any]]) -> str:
-    """One table per suite: every K and method, with the ratios."""
+def markdown(rows: list[dict[str, Any]], heading: bool = True) -> str:
+    """One table per suite: every K and method, with the ratios (under a heading naming the suite and backbone)."""
     out = []
     for suite in dict.fromkeys(r["suite"] for r in rows):
+        if heading:
+            backbone = next((r["backbone"] for r in rows if r["suite"] == suite and "error" not in r), "?")
+            out += [f"#### {suite} ({backbone})", ""]
         out += [
-            f"#### {suite} ({next((r['backbone'] for r in rows if r['suite'] == suite and 'error' not in r), '?')})",
-            "",
             "| K | method | test acc | vs BP (points) | samples/s | x BP | x torch GPipe | target acc (of) | "
             "s to target | speed-up to target vs BP |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -344,11 +345,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.results_md:
         cmd = "growpipe bench compare " + " ".join(argv if argv is not None else sys.argv[1:])
         runs = f"median run of {args.repeats} by samples/s" if args.repeats > 1 else "one run"
-        note = (f"`{cmd}` ({seconds:.0f} s, {os.cpu_count()} CPUs; each cell: {runs}). Target accuracy: "
+        note = (f"Reproduce: `{cmd}` ({seconds:.0f} s, {os.cpu_count()} CPUs; each cell: {runs}). Target accuracy: "
                 f"{args.target_fraction:g} x the best epoch of the method in brackets (single-process BP when it "
                 "ran). Plots: ")  # fmt: skip
-        sections = {s: note + ", ".join(f"`{Path(p).name}`" for p in plots if f"compare-{s}-" in Path(p).name)
-                    + "\n\n" + markdown([r for r in rows if r["suite"] == s]) for s in suites}  # fmt: skip
+        # RESULTS.md's layout: each suite's table under the heading of its own section, then its command
+        sections = {s: markdown([r for r in rows if r["suite"] == s], heading=False) + "\n" + note
+                    + ", ".join(f"`{Path(p).name}`" for p in plots if f"compare-{s}-" in Path(p).name)
+                    for s in suites}  # fmt: skip
         print(f"results: {update_results(Path(args.results_md), sections)}")
     print(f"done in {seconds} s")
     return 0 if all("error" not in r for r in rows) else 1
