@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import growpipe.nn.block
+import growpipe.faults
 from growpipe.checkpoint import CheckpointStore
 from growpipe.data import load_data
 from growpipe.errors import StageError
@@ -23,7 +23,7 @@ from tests.conftest import tiny_config
 
 def test_the_guard_fails_a_stage_that_builds_a_block_it_was_not_given(monkeypatch):
     monkeypatch.setenv("GROWPIPE_OWN_BLOCKS_ONLY", "1")
-    monkeypatch.setattr(growpipe.nn.block, "BUILD_HOOK", None)  # put back after the test
+    monkeypatch.setattr(growpipe.faults, "guarded_stage", None)  # put back after the test
     cfg = tiny_config(threads=1)
     info = InputInfo.from_bundle(load_data(cfg.data), cfg.net)
     specs = plan_blocks(cfg.net, cfg.method, info)

@@ -83,7 +83,7 @@ def test_a_paced_run_hands_each_epoch_with_its_boundary_checkpoint_and_waits_for
     assert epochs == [1, 2, 3] and "error" not in results[0]
     assert {e for e, _, _ in positions} == {1, 2, 3} and all(0 <= b <= n == 8 for _, b, n in positions)
     assert positions == sorted(positions)  # never an older one after a newer one
-    assert len(loop.growth) == 1 and any(line.startswith("ckpt ") for line in lines)
+    assert len(loop.rec.growth) == 1 and any(line.startswith("ckpt ") for line in lines)
 
 
 def test_a_run_stopped_while_it_waits_for_its_follower_trains_nothing_more(tmp_path: Path):
@@ -95,4 +95,4 @@ def test_a_run_stopped_while_it_waits_for_its_follower_trains_nothing_more(tmp_p
             events.release()
     thread.join(timeout=60)
     assert results == [{"error": "stopped: stopped early by the Tune scheduler"}]
-    assert [row["epoch"] for row in loop.history] == [1]
+    assert [row["epoch"] for row in loop.rec.history] == [1]

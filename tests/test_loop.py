@@ -162,7 +162,7 @@ def _ask_from_another_thread(loop: RunLoop, request: dict, keep: Callable[[dict]
     asker = threading.Thread(target=lambda: keep(loop.grow(request)))
     asker.start()
     deadline = time.monotonic() + 10
-    while loop.orders.empty() and time.monotonic() < deadline:
+    while loop.requests.orders.empty() and time.monotonic() < deadline:
         time.sleep(0.01)
     return asker
 
@@ -224,9 +224,9 @@ def test_an_engine_that_places_while_training_trains_on_until_the_block_is_built
         if (epoch, batch) == (1, 2) and not askers:
             askers.append(_ask_from_another_thread(loop, {"kind": "layer"}, answers.append))
         if (epoch, batch) == (1, 6) and not engine.gate.is_set():
-            assert engine.preparing.wait(10) and loop._placing is not None
+            assert engine.preparing.wait(10) and loop.requests._placing is not None
             engine.gate.set()
-            loop._placing[1].join(10)  # built: the loop takes it at this batch's poll
+            loop.requests._placing[1].join(10)  # built: the loop takes it at this batch's poll
 
     engine = FakeEngine(on_batch=ask)
     engine.places_while_training = True

@@ -5,20 +5,16 @@ use, so `import growpipe` stays light."""
 
 from __future__ import annotations
 
-from importlib import metadata
 from typing import Any
 
-try:
-    __version__ = metadata.version("growpipe")
-except metadata.PackageNotFoundError:  # a source tree that was not installed
-    __version__ = "0+unknown"
+from growpipe.version import __version__
 
 __all__ = ["RunResult", "__version__", "evaluate", "grow", "load_config", "train"]
 
 
 def __getattr__(name: str) -> Any:
     if name in ("RunResult", "evaluate", "grow", "load_config", "train"):
-        from growpipe import api
+        from growpipe import api  # lazy: `import growpipe` stays light (the API imports torch)
 
         return getattr(api, name)
     raise AttributeError(f"module 'growpipe' has no attribute {name!r}")

@@ -15,11 +15,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from growpipe.config import RunConfig, load_config
-from growpipe.loop.loop import RunResult
+from growpipe.config import RunConfig, check_run_name, load_config, parse_grow_request
+from growpipe.evaluation import evaluate_net, load_for_evaluation
+from growpipe.local import train_local
+from growpipe.loop.result import RunResult
 from growpipe.outputs import Kind
 from growpipe.prepare import PreparedRun, prepare_run
 from growpipe.progress import EpochBar
+from growpipe.runtime.cluster_record import record_cluster
 
 __all__ = ["RunResult", "evaluate", "grow", "load_config", "train"]
 
@@ -53,15 +56,11 @@ def train(
         say=progress or print)  # fmt: skip
     cfg = prepared.cfg
     if runtime == "local":
-        from growpipe.local import train_local
-
         return train_local(cfg, progress, resume=prepared.resume)
-    from growpipe.runtime.pipeline import Pipeline
+    from growpipe.runtime.pipeline import Pipeline  # lazy: ray (about 1 s), which a local run never imports
 
     with Pipeline(cfg, address, resume=prepared.resume) as p:
-        import ray
-
-        from growpipe.runtime.cluster_record import record_cluster
+        import ray  # lazy: as Pipeline
 
         record_cluster(cfg.tracking.workdir, p.run_name, ray.get_runtime_context().gcs_address)
         result = p.train(progress, bar=bar, keep_net=keep_net)
@@ -75,8 +74,7 @@ def grow(run: str, request: dict[str, Any] | None = None, *, address: str | None
     $RAY_ADDRESS, else the one recorded when the run started (RUNS/clusters/NAME.json), else the newest on this
     machine; `say` gets the line naming it. The request is validated before the cluster is reached; a
     refusal raises InputError with the run's reason."""
-    from growpipe.config import check_run_name, parse_grow_request
-    from growpipe.runtime.client import connect_existing, request_growth
+    from growpipe.runtime.client import connect_existing, request_growth  # lazy: ray, as Pipeline in train
 
     ask = {**(request or {}), **{k: v for k, v in fields.items() if v is not None}}
     check_run_name(run, "--run")
@@ -90,8 +88,6 @@ def evaluate(checkpoint: str | Path, overrides: list[str] | None = None,
     """Every exit and the adaptive trade-off of a checkpoint's net on its test split (`overrides`: eval.*,
     data.root, data.download, data.limit_test as key=value; `outputs`: the files the caller will write,
     checked with the rest before the data is read: see growpipe.evaluation.load_for_evaluation)."""
-    from growpipe.evaluation import evaluate_net, load_for_evaluation
-
     net, bundle, cfg = load_for_evaluation(checkpoint, overrides, outputs)
     ev = evaluate_net(net, bundle, cfg.eval, early_exit=True)
     ev.update(method=cfg.method, dataset=cfg.data.name, blocks=net.depth)

@@ -30,12 +30,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pyarrow import fs
 
 from growpipe.config import RunConfig, build_config
 from growpipe.errors import CheckpointError
+from growpipe.manifest import FORMAT_VERSION, parse_manifest
+from growpipe.nn.net import GrowableNet
+from growpipe.nn.specs import InputInfo
 from growpipe.outputs import write_checkpoint_dir
 
-FORMAT_VERSION = 2
 NAME = re.compile(r"^ckpt-(\d{6})-(\d{7})-(\d{4})$")
 SHARD_NAME = re.compile(r"^(block-\d+|state)\.pt$")
 MANIFEST, WRITING, RETIRING = "manifest.json", ".manifest.json.tmp", ".manifest.json.retiring"
@@ -54,8 +57,6 @@ RESUMABLE_DIFFERENCES = ("name", "tracking.", "runtime.", "checkpoint.", "train.
 
 def _filesystem(uri: str) -> tuple[Any, str]:
     """(pyarrow FileSystem, root path) for a URI or a local path (made absolute)."""
-    from pyarrow import fs
-
     if "://" not in uri:
         return fs.LocalFileSystem(), str(Path(uri).expanduser().resolve())
     try:
@@ -247,8 +248,6 @@ class CheckpointStore:
         """Write (or refresh) `holder`'s claim on checkpoint `ckpt_dir`; whether the checkpoint is complete
         with the claim in place (False: the run removed it first, and the claim is withdrawn). `check=False`
         (refreshing a claim held all along): only whether the claim was written."""
-        from pyarrow import fs
-
         body = json.dumps({"holder": holder, "host": socket.gethostname(), "pid": os.getpid(),
                            "written_at": time.time()}).encode()  # fmt: skip
         tmp, final = f"{ckpt_dir}/{CLAIM_PREFIX}{holder}.tmp", f"{ckpt_dir}/{CLAIM_PREFIX}{holder}.json"
@@ -288,8 +287,6 @@ class CheckpointStore:
         """What the run's folder holds that growpipe did not put there: anything but ckpt-* folders, and inside
         one anything but its own files (own_entries), as `ckpt-.../NAME`; a file where the folder should be is
         listed as itself."""
-        from pyarrow import fs
-
         info = self.fs.get_file_info(self.root)
         if info.type == fs.FileType.NotFound:
             return []
@@ -306,8 +303,6 @@ class CheckpointStore:
 
     def _entries(self, path: str) -> dict[str, bool]:
         """What folder `path` holds: name -> whether it is a folder."""
-        from pyarrow import fs
-
         infos = self.fs.get_file_info(fs.FileSelector(path, allow_not_found=True))
         return {i.base_name: i.type == fs.FileType.Directory for i in infos}
 
@@ -326,8 +321,6 @@ class CheckpointStore:
         return None
 
     def _dirs(self) -> list[tuple[str, tuple[int, int, int]]]:
-        from pyarrow import fs
-
         try:
             infos = self.fs.get_file_info(fs.FileSelector(self.root, allow_not_found=True))
         except OSError:
@@ -341,8 +334,6 @@ class CheckpointStore:
 
     def complete(self) -> list[CheckpointRef]:
         """Complete checkpoints (their manifest exists), oldest first."""
-        from pyarrow import fs
-
         out = []
         for path, (epoch, batch, seq) in self._dirs():
             if self.fs.get_file_info(f"{path}/manifest.json").type == fs.FileType.File:
@@ -498,35 +489,13 @@ def _no_line(_line: str) -> None:
 def _read_manifest(filesystem: Any, path: str) -> dict[str, Any]:
     try:
         with filesystem.open_input_stream(f"{path}/manifest.json") as f:
-            manifest = json.loads(f.read().decode())
+            data = f.read()
     except OSError:
         raise CheckpointError(f"checkpoint: {path} is not a checkpoint (no manifest.json)") from None
-    except ValueError as e:
-        raise CheckpointError(f"checkpoint {path}: manifest.json is not valid JSON ({e}); it is damaged") from None
-    if not isinstance(manifest, dict):
-        raise CheckpointError(f"checkpoint {path}: manifest.json holds a JSON {type(manifest).__name__}, not a "
-                              "growpipe manifest (an object); it is damaged or not growpipe's")  # fmt: skip
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(
-            f"checkpoint {path}: format {manifest.get('format_version')}, this growpipe reads {FORMAT_VERSION} "
-            "(written by another growpipe version: evaluate it with that version or train again)"
-        )
-    if not _shards_ok(manifest.get("shards", [])):
-        raise CheckpointError(f"checkpoint {path}: manifest.json lists its shards wrongly (each needs a file name, "
-                              "a SHA-256 and its blocks); it is damaged or not growpipe's")  # fmt: skip
+    manifest = parse_manifest(data, path)
     if isinstance(manifest.get("config"), dict):
         manifest["config"] = with_fields_added_since(manifest["config"])
     return manifest
-
-
-def _shards_ok(shards: Any) -> bool:
-    """Whether a manifest's `shards` is a list of {file: a plain name, sha256: str, blocks: [int, ...]}."""
-    return isinstance(shards, list) and all(
-        isinstance(e, dict) and isinstance(e.get("file"), str) and e["file"] and "/" not in e["file"]
-        and e["file"] not in (".", "..") and isinstance(e.get("sha256"), str) and isinstance(e.get("blocks"), list)
-        and all(isinstance(i, int) and not isinstance(i, bool) for i in e["blocks"])
-        for e in shards
-    )  # fmt: skip
 
 
 FIELDS_ADDED_SINCE: dict[str, tuple[Any, tuple[str, Any] | None]] = {
@@ -587,8 +556,6 @@ def open_checkpoint(path: str | Path) -> tuple[CheckpointStore, str, dict[str, A
     text = str(path)
     parent, _, name = text.rstrip("/").rpartition("/")
     store = CheckpointStore(parent or ".", name)  # the run folder, when `path` is one
-    from pyarrow import fs
-
     target = store.root
     if store.fs.get_file_info(f"{target}/manifest.json").type != fs.FileType.File:
         latest = store.latest()
@@ -627,23 +594,6 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any], prefix: s
 
 
 # ---- whole nets (growpipe train --save, MLflow artifacts, Tune checkpoints) ------------------------------
-SAVED_NET_FILES = {"manifest.json", "state.pt"}
-"""What save_net writes into its directory, and nothing else."""
-
-
-def is_saved_net(path: Path) -> bool:
-    """Whether local directory `path` holds a saved net and nothing else (so replacing it loses nothing)."""
-    from pyarrow import fs
-
-    if not {p.name for p in path.iterdir()} <= SAVED_NET_FILES:
-        return False
-    try:
-        _read_manifest(fs.LocalFileSystem(), str(path))
-    except CheckpointError:
-        return False
-    return True
-
-
 def save_net(path: str | Path, net: Any, cfg: RunConfig, summary: dict[str, Any] | None = None,
              mlflow_run_id: str | None = None) -> Path:  # fmt: skip
     """Write a trained net as a one-shard checkpoint directory `path`, atomically: `state.pt` (every block's
@@ -676,9 +626,6 @@ def save_net(path: str | Path, net: Any, cfg: RunConfig, summary: dict[str, Any]
 def load_net(path: str | Path, device: torch.device | str = "cpu") -> tuple[Any, dict[str, Any], RunConfig]:
     """Rebuild the net of any checkpoint directory (see open_checkpoint) with its weights, hash-checked.
     Returns (net, manifest, its run config)."""
-    from growpipe.nn.net import GrowableNet
-    from growpipe.nn.specs import InputInfo
-
     store, target, manifest = open_checkpoint(path)
     cfg = build_config(manifest["config"], f"{target}/manifest.json")
     info = InputInfo.from_dict(manifest["input"])

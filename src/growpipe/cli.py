@@ -5,12 +5,15 @@ bad input, 1 for a failed run, 130/143 when stopped by a signal."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
-# Only argparse and errors at module level: `growpipe --help` and a mistyped argument are answered before any
-# handler loads, and each handler imports its own dependencies (torch, Ray, MLflow, pandas: seconds) when it runs.
+# Only argparse, errors and signals at module level: `growpipe --help` and a mistyped argument are answered before
+# any handler loads, and each handler imports its own dependencies (torch, Ray, MLflow, pandas: seconds) when it runs.
+from growpipe import signals
 from growpipe.cli_parser import BENCHES, EPILOG, build_parser
 from growpipe.errors import BAD_INPUT, GrowpipeError
 
@@ -20,8 +23,6 @@ __all__ = ["BENCHES", "EPILOG", "build_parser", "main"]
 def _sweep_stop(signum: int) -> None:
     """A sweep stops as Tune stops on Ctrl-C (gracefully, saving what a resume needs): SIGTERM becomes SIGINT,
     which Tune handles while trials run (and this module's handler, raising KeyboardInterrupt, otherwise)."""
-    import signal
-
     if signum == signal.SIGTERM:
         signal.raise_signal(signal.SIGINT)
     else:
@@ -41,10 +42,6 @@ def _exit_when_stopped(code: int) -> None:
     """The console script ends here: exit handlers (Ray's shutdown, temporary folders) run now, with a signal
     meanwhile ending the process at once as stopped; then the process exits without the interpreter's
     teardown, which a half-started Ray's C++ threads can crash and during which signals are not handled."""
-    import atexit
-
-    from growpipe import signals
-
     if not signals.received():
         signals.exit_at_once_on_signal()
         atexit._run_exitfuncs()
@@ -54,10 +51,8 @@ def _exit_when_stopped(code: int) -> None:
 
 
 def _run(argv: Sequence[str] | None) -> int:
-    from growpipe import signals
-
     args = build_parser().parse_args(argv)
-    from growpipe.cli_commands import HANDLERS  # after parsing: --help and argument errors never load it
+    from growpipe.cli_commands import HANDLERS  # lazy: after parsing: --help and argument errors never load it
 
     restore = signals.install(_sweep_stop if args.command == "sweep" else None)
     try:
@@ -77,8 +72,6 @@ def _run(argv: Sequence[str] | None) -> int:
 
 def _stopped(command: str) -> int:
     """Say that the command was stopped, kill what it started that still runs; 130 (SIGINT) or 143 (SIGTERM)."""
-    from growpipe import signals
-
     signals.exit_at_once_on_signal()  # a second Ctrl-C / SIGTERM while this cleans up ends the process at once
 
     print(f"growpipe {command}: stopped by {signals.describe()}", file=sys.stderr)

@@ -6,19 +6,23 @@ MLflow, pandas), no other command's."""
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from growpipe.cli_parser import BENCHES
-from growpipe.errors import ConfigError
+from growpipe.errors import ConfigError, DataError, OutputError
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    # lazy: only the command that runs loads its dependencies
     from growpipe.api import train
     from growpipe.checkpoint import save_net
-    from growpipe.errors import OutputError
     from growpipe.outputs import write_json
     from growpipe.prepare import prepare_run
     from growpipe.progress import EpochBar
@@ -68,8 +72,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _attempt(failed: list[str], write: Any) -> Any:
     """write(); an OutputError is kept in `failed` (None returned) so that the other outputs are written."""
-    from growpipe.errors import OutputError
-
     try:
         return write()
     except OutputError as e:
@@ -79,6 +81,7 @@ def _attempt(failed: list[str], write: Any) -> Any:
 
 def _check_outputs(outputs: dict[str, Any]) -> None:
     """Refuse, before any work, output paths the command could not write or must not replace."""
+    # lazy: only the command that runs loads its dependencies
     from growpipe.outputs import check_outputs
     from growpipe.prepare import refuse
 
@@ -86,8 +89,6 @@ def _check_outputs(outputs: dict[str, Any]) -> None:
 
 
 def _grow_request(args: argparse.Namespace) -> dict[str, object]:
-    import yaml
-
     request: dict[str, object] = {}
     if args.spec:
         text = Path(args.spec).read_text() if Path(args.spec).is_file() else args.spec
@@ -105,8 +106,7 @@ def _grow_request(args: argparse.Namespace) -> dict[str, object]:
 
 
 def _cmd_grow(args: argparse.Namespace) -> int:
-    import json
-
+    # lazy: only the command that runs loads its dependencies
     from growpipe.api import grow
 
     answer = grow(args.run, _grow_request(args), address=args.address, timeout_s=args.timeout, say=print)
@@ -120,6 +120,7 @@ def _cmd_grow(args: argparse.Namespace) -> int:
 
 
 def _plot(ev: dict[str, Any], path: str, title: str) -> Path:
+    # lazy: only the command that runs loads its dependencies
     from growpipe.plots import plot_accuracy_vs_compute
 
     out = plot_accuracy_vs_compute(ev, path, title)
@@ -128,6 +129,7 @@ def _plot(ev: dict[str, Any], path: str, title: str) -> Path:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
+    # lazy: only the command that runs loads its dependencies
     from growpipe.api import evaluate
     from growpipe.outputs import write_json
     from growpipe.report import format_exits
@@ -145,9 +147,9 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def _cmd_baseline(args: argparse.Namespace) -> int:
+    # lazy: only the command that runs loads its dependencies
     from growpipe.baseline import classical_bar
     from growpipe.config import load_config
-    from growpipe.errors import DataError
     from growpipe.outputs import write_json
     from growpipe.report import format_bar
 
@@ -163,8 +165,7 @@ def _cmd_baseline(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    import yaml
-
+    # lazy: only the command that runs loads its dependencies
     from growpipe.prepare import absolute
     from growpipe.serve.deploy import ServeOptions, serve_config
     from growpipe.serve.server import run
@@ -190,6 +191,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_partition(args: argparse.Namespace) -> int:
+    # lazy: only the command that runs loads its dependencies
     from growpipe.config import dump_config, load_config
     from growpipe.outputs import write_json, write_yaml
     from growpipe.partition import plan_partition
@@ -208,6 +210,7 @@ def _cmd_partition(args: argparse.Namespace) -> int:
     print(f"{'stage':>5}  {'layers':>6}  {'predicted ms':>12}  {'memory MB':>9}  measured ms")
     measured: list[float | None] = [None] * args.stages
     if args.measure:
+        # lazy: only the command that runs loads its dependencies
         from growpipe.api import train
 
         quick = part.model_copy(update={"train": part.train.model_copy(update={"epochs": 1})})
@@ -230,6 +233,7 @@ def _cmd_partition(args: argparse.Namespace) -> int:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
+    # lazy: only the command that runs loads its dependencies
     from growpipe.outputs import write_json
     from growpipe.tune.spec import load_sweep
     from growpipe.tune.sweep import prepare, run_sweep
@@ -247,8 +251,6 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    import subprocess
-
     script = Path(__file__).resolve().parents[2] / "bench" / BENCHES[args.name]
     if not script.is_file():
         raise ConfigError(f"bench: {script} not found; growpipe bench runs the scripts of a source checkout")
@@ -256,9 +258,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_mlflow(args: argparse.Namespace) -> int:
+    # lazy: only the command that runs loads its dependencies
     from growpipe.tracking import replay
 
     if args.mlflow_command == "serve":
+        # lazy: only the command that runs loads its dependencies
         from growpipe.config import TrackingSpec
         from growpipe.prepare import absolute
         from growpipe.serving import serve_model
@@ -273,6 +277,7 @@ def _cmd_mlflow(args: argparse.Namespace) -> int:
 
 
 def _cmd_data(args: argparse.Namespace) -> int:
+    # lazy: only the command that runs loads its dependencies
     from growpipe.data import PREFIXES, REGISTRY, load_data
 
     if args.data_command == "list":
@@ -281,6 +286,7 @@ def _cmd_data(args: argparse.Namespace) -> int:
         for prefix, (_, desc) in PREFIXES.items():
             print(f"  {prefix + '...':<14} {desc}")
         return 0
+    # lazy: only the command that runs loads its dependencies
     from growpipe.config import apply_overrides, build_config
 
     raw = apply_overrides({"data": {"name": args.name}}, args.overrides)

@@ -1,10 +1,13 @@
 """The `growpipe` command's arguments: one sub-parser per command, and the bench scripts `growpipe bench` runs.
 
-Only argparse at module level: `growpipe --help` (and every argument error) is answered from here alone."""
+Only argparse and the version at module level: `growpipe --help` (and every argument error) is answered from here
+alone."""
 
 from __future__ import annotations
 
 import argparse
+
+from growpipe.version import __version__
 
 EPILOG = "Config: YAML validated field by field (see configs/); --set key=value overrides any field."
 # growpipe bench NAME -> the script of bench/ it runs (NAME's choices here, the script in cli_commands)
@@ -47,8 +50,6 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train growable block-wise local-learning networks (AL, SCPL, DASCPL, BP baseline).",
         epilog=EPILOG,
     )
-    from growpipe import __version__
-
     parser.add_argument("--version", action="version", version=f"growpipe {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

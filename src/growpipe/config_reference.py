@@ -8,6 +8,7 @@ A test fails when a field has no docstring or the committed file differs from wh
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import typing
@@ -111,8 +112,6 @@ def reference() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m growpipe.config_reference [FILE]`: the config reference on stdout, or written to FILE."""
-    import argparse
-
     parser = argparse.ArgumentParser(prog="python -m growpipe.config_reference", description=main.__doc__)
     parser.add_argument("file", nargs="?", help="write the reference here (docs/configuration.md)")
     args = parser.parse_args(argv)

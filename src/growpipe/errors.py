@@ -83,3 +83,14 @@ class InputError(PipelineError, ValueError):
 
 BAD_INPUT = (ConfigError, DataError, ShapeError, CheckpointError, InputError)
 """Errors that mean the user's input is wrong (exit code 2); any other failure of a run exits with 1."""
+
+
+def describe(e: BaseException) -> str:
+    """A one-line description of an error raised anywhere in a run (a Ray task error by the one it carries)."""
+    cause = getattr(e, "cause", None)
+    if isinstance(cause, GrowpipeError | ValueError | RuntimeError) and not isinstance(e, GrowpipeError):
+        return str(cause)
+    if isinstance(e, GrowpipeError):
+        return str(e)
+    text = str(e).splitlines()[0] if str(e) else ""
+    return f"{type(e).__name__}: {text}"

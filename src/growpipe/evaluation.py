@@ -9,9 +9,11 @@ from typing import Any
 
 import torch
 
-from growpipe.config import EvalSpec, RunConfig, apply_overrides
+from growpipe.checkpoint import check_input_matches, load_net
+from growpipe.config import EvalSpec, RunConfig, apply_overrides, config_and_problems
 from growpipe.data import DataBundle, iterate_batches, load_data
-from growpipe.errors import ConfigError
+from growpipe.data.presence import data_problem
+from growpipe.errors import ConfigError, GrowpipeError
 from growpipe.nn.inference import (
     Exited,
     ExitPredictions,
@@ -21,7 +23,9 @@ from growpipe.nn.inference import (
     evaluate_exits,
 )
 from growpipe.nn.net import GrowableNet
-from growpipe.outputs import Kind
+from growpipe.nn.specs import InputInfo
+from growpipe.outputs import Kind, check_outputs
+from growpipe.prepare import refuse
 
 EVAL_BATCH = 512
 
@@ -40,14 +44,6 @@ def load_for_evaluation(
     checkpoint directory: `--save` output, a run checkpoint, or a run's checkpoint folder (the newest). What
     can be told before the data is read (the checkpoint, the overrides, the data's whereabouts, the files the
     caller will write: `outputs`, flag -> (path, kind)) is refused together, one line per problem."""
-    from growpipe.checkpoint import check_input_matches, load_net
-    from growpipe.config import config_and_problems
-    from growpipe.data.presence import data_problem
-    from growpipe.errors import GrowpipeError
-    from growpipe.nn.specs import InputInfo
-    from growpipe.outputs import check_outputs
-    from growpipe.prepare import refuse
-
     allowed = [o for o in overrides or [] if o.split("=", 1)[0].strip().startswith(EVAL_OVERRIDES)]
     problems = [f"--set {o}: evaluate takes eval.* and data.root / data.download / data.limit_test only; the rest "
                 "is fixed by the checkpoint" for o in overrides or [] if o not in allowed]  # fmt: skip

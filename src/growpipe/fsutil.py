@@ -1,4 +1,5 @@
-"""Writes that never leave half a file behind: write to a temporary name beside the target, then rename."""
+"""Writes that never leave half a file behind (write to a temporary name beside the target, then rename), and
+whether a path can be written at all (unwritable)."""
 
 from __future__ import annotations
 
@@ -81,3 +82,21 @@ _UMASK = _current_umask()
 def _fsync(path: Path) -> None:
     with open(path, "rb") as f:
         os.fsync(f.fileno())
+
+
+def unwritable(path: str | Path) -> str | None:
+    """Why a file or directory cannot be created at `path` (None: it can): a probe file is created (and
+    removed at once) in the nearest directory that exists, as root's permission bits say little."""
+    p = Path(path).expanduser().absolute()
+    parent = p.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is not a directory; choose another path"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".growpipe-probe-", dir=parent)
+    except OSError as e:
+        return f"{parent} is not writable ({e.strerror}); choose another path"
+    os.close(fd)
+    os.unlink(probe)
+    return None

@@ -21,12 +21,14 @@ from growpipe.data import DataBundle, iterate_batches, load_data
 from growpipe.device import resolve_device, set_cpu_threads
 from growpipe.evaluation import evaluate_net, measure_early_exit
 from growpipe.loop.engine import EpochPart, Poll, Prepared, WithoutBundles
-from growpipe.loop.loop import RunLoop, RunResult
+from growpipe.loop.loop import RunLoop
+from growpipe.loop.result import RunResult
 from growpipe.loop.stats import StageStats
 from growpipe.loop.topology import Layout
 from growpipe.nn.methods import build_block
 from growpipe.nn.net import GrowableNet
 from growpipe.nn.specs import BlockSpec, InputInfo
+from growpipe.prepare import checkpoint_store, resolve_paths, run_callbacks
 
 Progress = Callable[[str], None]
 
@@ -142,8 +144,6 @@ def train_local(cfg: RunConfig, progress: Progress | None = print, bundle: DataB
     """Train (and grow) a net in this process (from checkpoint directory `resume` when given, in the MLflow
     run the config names: growpipe.prepare.prepare_run decides it); return the result JSON, the trained net
     and the data. Raises the error that ended the run."""
-    from growpipe.prepare import checkpoint_store, resolve_paths, run_callbacks
-
     cfg = resolve_paths(cfg)
     store = checkpoint_store(cfg)
     say = progress or (lambda _line: None)

@@ -8,7 +8,13 @@ import copy
 import functools
 import math
 
-from growpipe.config import RunConfig
+import psutil
+import torch
+
+from growpipe.config import RunConfig, config_and_problems
+from growpipe.data.presence import planned_input
+from growpipe.nn.net import GrowableNet
+from growpipe.nn.specs import InputInfo
 
 MEMORY_FIELDS = ("net.width", "net.widths", "net.embed_dim", "net.ff_width", "net.layers_per_block",
                  "net.layers", "net.blocks", "net.heads", "al.code_dim", "al.bridge_hidden", "scpl.proj_dim",
@@ -23,12 +29,6 @@ def run_memory(cfg: RunConfig) -> tuple[float, float, float]:
     a batch's activations) of the run once grown as far as it plans, at least: built on PyTorch's meta device
     (no memory taken) on the input the config tells without reading the data (growpipe.data.presence.
     planned_input). inf when a tensor of the net could not even be addressed."""
-    import torch
-
-    from growpipe.data.presence import planned_input
-    from growpipe.nn.net import GrowableNet
-    from growpipe.nn.specs import InputInfo
-
     shape, dtype, classes, vocab, rows = planned_input(cfg.data, cfg.net.backbone)
     info = InputInfo(shape, dtype, classes, vocab)
     try:
@@ -55,8 +55,6 @@ def rough_memory(cfg: RunConfig) -> float:
     """A bound on what run_memory says (weights, gradients and optimizer state of every block, and a batch), from
     the config's sizes alone: every layer (a block's layers and its heads) at most 16 x D^2 numbers, D the largest
     size the config names (a width, a head's size, the input's numbers, resnet18's 512 channels)."""
-    from growpipe.data.presence import planned_input
-
     net, shape = cfg.net, planned_input(cfg.data, cfg.net.backbone)[0]
     ff = (net.ff_width or 4 * net.width) if net.backbone == "transformer" else 0
     sizes = [net.width, *(net.widths or []), net.embed_dim, ff, cfg.al.code_dim,
@@ -75,8 +73,6 @@ def memory_problem(cfg: RunConfig, here: bool, replicas: int = 1) -> tuple[str |
     whole run when its workers run here (`here`: an embedded Ray, or the reference trainer; `replicas`: DDP
     workers, each holding the whole net), one block on a cluster, whose nodes may be larger. The line names
     the field that sizes it (MEMORY_FIELDS)."""
-    import psutil
-
     have = psutil.virtual_memory().total
     if replicas * rough_memory(cfg) < have / 2:  # the usual run: no need to build it (PyTorch's first meta pass: 1 s)
         return None, None
@@ -101,8 +97,6 @@ def memory_problem(cfg: RunConfig, here: bool, replicas: int = 1) -> tuple[str |
 
 def _sizing_field(cfg: RunConfig, here: bool, replicas: int) -> str:
     """The field of MEMORY_FIELDS whose default brings the run's memory down the most."""
-    from growpipe.config import config_and_problems
-
     best, best_need = "net", math.inf
     data = cfg.model_dump(mode="json")
     for dotted in MEMORY_FIELDS:

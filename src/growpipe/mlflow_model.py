@@ -14,6 +14,8 @@ import numpy as np
 import pandas as pd
 from mlflow.pyfunc import PythonModel
 
+from growpipe.serve.predictor import Predictor
+
 OUTPUT_COLUMNS = ("prediction", "exit_depth", "confidence")
 
 
@@ -21,8 +23,6 @@ class GrowpipeModel(PythonModel):
     """Adaptive early-exit inference over the growpipe checkpoint the model carries (artifact `checkpoint`)."""
 
     def load_context(self, context: Any) -> None:
-        from growpipe.serve.predictor import Predictor
-
         self.predictor = Predictor.load(context.artifacts["checkpoint"])
 
     def predict(self, context: Any, model_input: np.ndarray, params: dict[str, Any] | None = None) -> pd.DataFrame:

@@ -15,9 +15,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from growpipe import __version__
+from PIL import Image
+
 from growpipe.errors import OutputError
-from growpipe.fsutil import atomic_write_bytes, atomic_write_dir, atomic_write_text
+from growpipe.fsutil import atomic_write_bytes, atomic_write_dir, atomic_write_text, unwritable
+from growpipe.manifest import is_saved_net
+from growpipe.version import __version__
 
 Kind = Literal["json", "png", "yaml", "checkpoint"]
 MARK = f"growpipe {__version__}"
@@ -29,8 +32,6 @@ LEGACY_RESULT_KEYS = {"method", "dataset", "blocks", "adaptive"}
 def is_own(path: Path, kind: Kind) -> bool:
     """Whether the existing `path` is growpipe's own output of this kind (or empty), so it may be replaced."""
     if kind == "checkpoint":
-        from growpipe.checkpoint import is_saved_net
-
         return path.is_dir() and (not any(path.iterdir()) or is_saved_net(path))
     if not path.is_file():
         return False
@@ -42,8 +43,6 @@ def is_own(path: Path, kind: Kind) -> bool:
             return isinstance(obj, dict) and (str(obj.get("written_by", "")).startswith("growpipe")
                                               or obj.keys() >= LEGACY_RESULT_KEYS)  # fmt: skip
         if kind == "png":
-            from PIL import Image
-
             with Image.open(path) as im:
                 return str(getattr(im, "text", {}).get("Software", "")).startswith("growpipe")
         return path.read_text().startswith(YAML_HEADER)
@@ -56,8 +55,6 @@ def is_own(path: Path, kind: Kind) -> bool:
 def output_problem(flag: str, path: str | Path, kind: Kind) -> str | None:
     """Why `flag` may not write `path` (None: it may): a folder where a file goes (or a file where a folder
     goes), something growpipe did not write, or a place that cannot be written."""
-    from growpipe.prepare import unwritable
-
     p = Path(path).expanduser().absolute()
     what = "a checkpoint directory" if kind == "checkpoint" else f"a {kind.upper()} file"
     if p.exists():

@@ -19,8 +19,14 @@ import torch
 import torch.nn.functional as F
 
 from growpipe.config import RunConfig
+from growpipe.data import iterate_batches, load_data
+from growpipe.data.batches import micro_slices
+from growpipe.device import resolve_device, set_cpu_threads
 from growpipe.errors import ConfigError
+from growpipe.nn.methods import build_block
+from growpipe.nn.net import plan_blocks
 from growpipe.nn.packet import Packet
+from growpipe.nn.specs import InputInfo
 
 ADAM_COPIES = 4
 """Bytes per parameter, in units of the parameter: weights, gradient and Adam's two moments."""
@@ -104,12 +110,6 @@ def profile_layers(cfg: RunConfig, steps: int = 7) -> tuple[list[LayerProfile], 
     and a stage sum(t_i + d) - d (local rules: its first layer sends no gradient upstream) or, for BP,
     sum(t_i + d) with layer 0 at t_0 (every stage but the first sends one).
     """
-    from growpipe.data import iterate_batches, load_data
-    from growpipe.device import resolve_device, set_cpu_threads
-    from growpipe.nn.methods import build_block
-    from growpipe.nn.net import plan_blocks
-    from growpipe.nn.specs import InputInfo
-
     device = resolve_device(cfg.device)
     if device.type == "cpu":
         set_cpu_threads(max(1, int(cfg.runtime.cpus_per_stage)))
@@ -159,8 +159,6 @@ def _step(block: Any, p: Packet, cfg: RunConfig) -> list[Packet]:
     if cfg.method != "bp":
         out, _ = block.train_step(p)
         return [out]
-    from growpipe.data.batches import micro_slices
-
     micro = cfg.bp_pipeline.micro_batches if cfg.engine() == "gpipe" else 1
     outs = []
     for part in micro_slices(p.batch_size, micro):  # contiguous, in order: the outputs concatenate back

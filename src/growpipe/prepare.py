@@ -1,7 +1,7 @@
 """The preparation step every entry point (growpipe train, the Python API, sweeps, jobs/) takes once before
 any actor starts (prepare_run): the config validated, paths made absolute against where results go
-(base_dir), the resume decided, every check that needs no cluster collected and reported together; and the
-run's store and callbacks."""
+(growpipe.workdir.base_dir), the resume decided, every check that needs no cluster collected and reported
+together; and the run's store and callbacks."""
 
 from __future__ import annotations
 
@@ -10,70 +10,31 @@ import os
 import re
 import secrets
 import sys
-import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from growpipe import envvars
+from growpipe.baseline import ClassicalBar
 from growpipe.checkpoint import CheckpointStore, check_uri, run_folder_problem
-from growpipe.config import RunConfig
+from growpipe.config import RunConfig, apply_overrides, config_and_problems, read_run_config
+from growpipe.data.presence import data_problem
 from growpipe.device import precision_problem
+from growpipe.envvars import extra_overrides
 from growpipe.errors import ConfigError, GrowpipeError
+from growpipe.fsutil import unwritable
 from growpipe.loop.callbacks import ProgressLog, RunCallback
 from growpipe.memory import memory_problem
 from growpipe.outputs import Kind, check_outputs
-from growpipe.tracking import default_tracking_uri
-
-JOB_RESULTS_DIR = "~/growpipe_results"
-"""Where a Ray job's results go when it runs in Ray's temporary copy of its working directory and
-GROWPIPE_WORKDIR is not set: a durable place outside that copy (as Ray Train's ~/ray_results), created as
-needed, on the node the job's driver runs on."""
-
-
-def in_temporary_job_dir() -> bool:
-    """Whether this process is a Ray job running in Ray's temporary copy of its working directory
-    (.../runtime_resources/working_dir_files/_ray_pkg_*), which goes away with the job."""
-    return "RAY_JOB_CONFIG_JSON_ENV_VAR" in os.environ and "working_dir_files" in Path.cwd().parts
-
-
-def base_dir() -> Path:
-    """What a run's relative paths mean: $GROWPIPE_WORKDIR; else, in a Ray job's temporary working directory,
-    JOB_RESULTS_DIR (~/growpipe_results); else the current directory."""
-    if given := envvars.workdir():
-        return Path(given).expanduser().resolve()
-    if in_temporary_job_dir():
-        return Path(JOB_RESULTS_DIR).expanduser().resolve()
-    return Path.cwd().resolve()
-
-
-def storage_problem() -> str | None:
-    """Why the place given for results cannot be used (None: it can): a GROWPIPE_WORKDIR that is not an
-    existing directory is refused (a typo would otherwise scatter results into a new tree)."""
-    given = envvars.workdir()
-    if given and not Path(given).expanduser().is_dir():
-        what = "is a file" if Path(given).expanduser().exists() else "does not exist"
-        return (f"{envvars.GROWPIPE_WORKDIR}={given}: {what}; give an existing directory for the run's results "
-                "(mkdir it) or unset it")  # fmt: skip
-    return None
-
-
-def storage_note() -> str | None:
-    """The line that says where results go when it is not where the command was started: a Ray job in its
-    temporary working directory without GROWPIPE_WORKDIR."""
-    if envvars.workdir() or not in_temporary_job_dir():
-        return None
-    return f"store  results in {base_dir()} (Ray job working dir is temporary; set GROWPIPE_WORKDIR for another place)"
-
-
-def absolute(path: str) -> str:
-    """A local path made absolute against base_dir() (a URI stays as it is)."""
-    if "://" in path:
-        return path
-    p = Path(path).expanduser()
-    return str(p if p.is_absolute() else base_dir() / p)
+from growpipe.ray_metrics import RayMetrics
+from growpipe.resume import continue_from, plan_resume
+from growpipe.runtime.bp_checks import bp_problems
+from growpipe.runtime.cluster_record import gcs_unreachable
+from growpipe.tracking import MlflowTracker, default_tracking_uri
+from growpipe.workdir import absolute, storage_note, storage_problem
 
 
 def resolve_paths(cfg: RunConfig) -> RunConfig:
@@ -150,8 +111,6 @@ def prepare_run(config: ConfigSource = None, overrides: list[str] | None = None,
     if runtime not in ("ray", "local"):
         problems.append(f"runtime: {runtime!r} is not ray or local")
     if resume_run is not None:
-        from growpipe.resume import plan_resume
-
         if not (config is None or isinstance(config, (str, Path))):
             raise ConfigError("resume_run: give the config as a YAML path (or None: the checkpoint's own)")
         cfg, ref = plan_resume(None if config is None else str(config), list(overrides or []), resume_run, say)
@@ -168,8 +127,6 @@ def prepare_run(config: ConfigSource = None, overrides: list[str] | None = None,
         say(note)
     cfg = resolve_paths(cfg)
     if resume is not None and resume_run is None:
-        from growpipe.resume import continue_from
-
         resume = absolute(resume)
         cfg = continue_from(cfg, resume)
     embedded = runtime == "ray" and not (address or os.environ.get("RAY_ADDRESS"))
@@ -186,8 +143,6 @@ def cluster_problem(given: str | None, env: str | None) -> str | None:
     """Why the cluster a run would join (--address `given`, else $RAY_ADDRESS `env`) does not answer now (None:
     it does, no address is given, or the address is not HOST:PORT). Asked first because ray.init waits minutes
     for a GCS that is not there."""
-    from growpipe.runtime.cluster_record import gcs_unreachable
-
     chosen = given or env
     if not chosen:
         return None
@@ -205,9 +160,6 @@ def cluster_problem(given: str | None, env: str | None) -> str | None:
 def read_config(config: ConfigSource, overrides: list[str] | None = None) -> tuple[RunConfig | None, list[str]]:
     """The config (`overrides` applied, then GROWPIPE_SET's) and its validation problems, one line each (see
     growpipe.config.config_and_problems); a YAML file that cannot be read raises at once."""
-    from growpipe.config import apply_overrides, config_and_problems, read_run_config
-    from growpipe.envvars import extra_overrides
-
     overrides = [*(overrides or []), *extra_overrides()]
     if isinstance(config, RunConfig):
         if not overrides:
@@ -237,8 +189,6 @@ def run_problems(cfg: RunConfig, outputs: dict[str, tuple[str | None, Kind]] | N
     in this machine's memory (when the workers run here; else a warning for one block: memory_problem) and, for
     an embedded Ray, whether this machine can hold the run's workers. `warn` gets what will not stop the run (an
     MLflow server that does not answer)."""
-    from growpipe.data.presence import data_problem
-
     problems = []
     if why := storage_problem():
         problems.append(why)
@@ -253,8 +203,6 @@ def run_problems(cfg: RunConfig, outputs: dict[str, tuple[str | None, Kind]] | N
     if block_too_big and warn:
         warn(block_too_big)
     if on_ray and cfg.method == "bp":
-        from growpipe.runtime.gpipe import bp_problems
-
         problems += bp_problems(cfg)
     if cfg.checkpoint.enabled:
         problems += checkpoint_problems(cfg, fresh)
@@ -329,9 +277,6 @@ def tracking_uri_problem(uri: str) -> tuple[str | None, str | None]:
 
 def server_unreachable(uri: str, timeout_s: float = 3.0) -> str | None:
     """Why the MLflow server at `uri` does not answer its /health page (None: it answers)."""
-    import urllib.error
-    import urllib.request
-
     try:
         with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s):  # noqa: S310 (http(s) only)
             return None
@@ -339,24 +284,6 @@ def server_unreachable(uri: str, timeout_s: float = 3.0) -> str | None:
         return None if e.code < 500 else f"the server answered HTTP {e.code}"
     except (OSError, ValueError) as e:
         return f"no MLflow server answered ({getattr(e, 'reason', e)})"
-
-
-def unwritable(path: str | Path) -> str | None:
-    """Why a file or directory cannot be created at `path` (None: it can): a probe file is created (and
-    removed at once) in the nearest directory that exists, as root's permission bits say little."""
-    p = Path(path).expanduser().absolute()
-    parent = p.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        return f"{parent} is not a directory; choose another path"
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".growpipe-probe-", dir=parent)
-    except OSError as e:
-        return f"{parent} is not writable ({e.strerror}); choose another path"
-    os.close(fd)
-    os.unlink(probe)
-    return None
 
 
 def checkpoint_store(cfg: RunConfig, run_name: str | None = None) -> CheckpointStore | None:
@@ -371,15 +298,9 @@ def run_callbacks(cfg: RunConfig, run_name: str, say: Callable[[str], None], on_
     tracking.mlflow, and on Ray (the run's controller) its live Ray metrics."""
     callbacks: list[RunCallback] = [ProgressLog(say)]
     if cfg.eval.baseline:
-        from growpipe.baseline import ClassicalBar
-
         callbacks.append(ClassicalBar(cfg, say))
     if cfg.tracking.mlflow:
-        from growpipe.tracking import MlflowTracker
-
         callbacks.append(MlflowTracker(cfg, run_name, say))
     if on_ray:
-        from growpipe.ray_metrics import RayMetrics
-
         callbacks.append(RayMetrics(run_name))
     return callbacks

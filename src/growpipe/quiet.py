@@ -76,6 +76,7 @@ and Ray hands such lines (they belong to no job) to every driver on the cluster,
 def quiet_ray_job_actors() -> None:
     """Keep the lines of RAY_JOB_ACTORS out of this driver's output (call once it has joined a cluster with
     ray.init(log_to_driver=True): that registers the handler wrapped here). Idempotent."""
+    # lazy: ray; tracking and local runs import this module
     from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
 
     for name, handler in list(dispatcher.handlers):

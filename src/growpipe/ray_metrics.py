@@ -75,7 +75,7 @@ class RayMetrics(RunCallback):
     metrics_report_interval_ms)."""
 
     def __init__(self, run: str):
-        from ray.util.metrics import Counter, Gauge
+        from ray.util.metrics import Counter, Gauge  # lazy: ray; growpipe.prepare imports this module for local runs
 
         self.run = run
         self.gauges = {m.name: Gauge(m.name, m.help, m.tags) for m in METRICS if m.kind == "gauge"}

@@ -11,6 +11,7 @@ from growpipe.checkpoint import CheckpointRef, CheckpointStore, config_differenc
 from growpipe.config import RunConfig, apply_overrides, build_config, check_run_name, load_config
 from growpipe.envvars import extra_overrides
 from growpipe.errors import CheckpointError
+from growpipe.workdir import absolute
 
 
 def plan_resume(config: str | None, overrides: list[str], resume: str,
@@ -23,8 +24,6 @@ def plan_resume(config: str | None, overrides: list[str], resume: str,
     eval fields, train.epochs and grow.max_blocks); with --config, any other difference is refused, naming
     the field. `auto` starts fresh when the run has no checkpoint; a named run must have one.
     """
-    from growpipe.prepare import absolute
-
     given = load_config(config, overrides)
     name = given.name if resume == "auto" else check_run_name(resume, "--resume")
     if not name:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import sys
 import sysconfig
 from collections.abc import Iterator
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import numpy as np
+
+from growpipe.errors import ConfigError
 
 MODEL_CODE = Path(__file__).with_name("mlflow_model.py")
 """The pyfunc's code file (read by path: importing it would set MLflow's current model in this process)."""
@@ -59,11 +62,9 @@ def save_model(path: str | Path, checkpoint: str | Path, net: Any, example: Any)
     rows of the data, DataBundle.example_rows) as the input example."""
     import mlflow.models.model
     import mlflow.pyfunc
-    import torch
+    import torch  # lazy: growpipe.tracking imports this module and stays free of torch
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema, TensorSpec
-
-    import growpipe
 
     info = net.info
     dtype = np.dtype(np.int64 if info.dtype == "long" else np.float32)
@@ -80,7 +81,7 @@ def save_model(path: str | Path, checkpoint: str | Path, net: Any, example: Any)
                 str(path),
                 python_model=str(MODEL_CODE),
                 artifacts={"checkpoint": str(checkpoint)},
-                code_paths=[str(Path(growpipe.__file__).parent)],
+                code_paths=[str(Path(__file__).parent)],  # the growpipe package
                 signature=signature,
                 input_example=np.asarray(example, dtype=dtype).reshape(-1, *info.shape),
                 pip_requirements=requirements,
@@ -108,11 +109,7 @@ def scoring_server_env(environ: dict[str, str], tracking_uri: str) -> dict[str, 
 def serve_model(model_uri: str, tracking_uri: str, host: str, port: int) -> NoReturn:
     """Become MLflow's scoring server for `model_uri` (this process is replaced): checked first, so a model
     URI that does not resolve or a port in use is one line (ConfigError) before anything starts."""
-    import socket
-
     import mlflow.models
-
-    from growpipe.errors import ConfigError
 
     env = scoring_server_env(dict(os.environ), tracking_uri)
     try:

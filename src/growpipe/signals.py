@@ -123,7 +123,7 @@ def end_descendants(grace_s: float = 3.0) -> int:
     """Kill every process this one started that still runs after `grace_s` (an embedded Ray's workers that a
     stop left behind), by PID; how many there were."""
     try:
-        import psutil
+        import psutil  # lazy: cli imports this module before parsing, and --help stays fast
     except ImportError:
         return 0
     children = psutil.Process().children(recursive=True)

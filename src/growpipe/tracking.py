@@ -18,9 +18,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from growpipe.config import RunConfig
+from growpipe.errors import ConfigError
 from growpipe.loop.callbacks import RunCallback
+from growpipe.plots import plot_run
 from growpipe.quiet import quiet_libraries
+from growpipe.report import format_exits
+from growpipe.serving import quiet_mlflow, save_model
 
 MLFLOW_TRACKING_URI = "MLFLOW_TRACKING_URI"
 MODEL_NAME = "model"
@@ -190,9 +196,6 @@ class MlflowTracker(RunCallback):
             final[f"adaptive.{r['threshold']:g}.accuracy"] = r["accuracy"]
             final[f"adaptive.{r['threshold']:g}.macs_saved"] = r["macs_saved_fraction"]
         self.queue.append({"op": "metrics", "metrics": final, "step": summary["epochs"]})
-        from growpipe.plots import plot_run
-        from growpipe.report import format_exits
-
         self.artifact_text("evaluation.txt", format_exits(summary) + "\n")
         self.artifact_text("growth_history.json", json.dumps(summary["growth"], indent=2))
         with tempfile.TemporaryDirectory() as tmp:
@@ -208,14 +211,12 @@ class MlflowTracker(RunCallback):
         metrics, registered under the run's name with tracking.register_model."""
         if self.ended:
             return
-        from growpipe.checkpoint import save_net
+        from growpipe.checkpoint import save_net  # lazy: torch, which growpipe mlflow ui and replay never need
 
         with tempfile.TemporaryDirectory() as tmp:
             checkpoint = save_net(Path(tmp) / "checkpoint", net, self.cfg, summary, self.run_id)
             self.artifact_file(checkpoint, "checkpoint")
             if self.cfg.tracking.log_model:
-                from growpipe.serving import save_model
-
                 model = self._stage(save_model(Path(tmp) / MODEL_NAME, checkpoint, net, self.example))
                 register = self.run_name if self.cfg.tracking.register_model else None
                 self.queue.append({"op": "model", "path": str(model), "name": MODEL_NAME, "step": summary["epochs"],
@@ -448,8 +449,6 @@ def _upload_model(client: Any, run_id: str, model_id: str, path: Path) -> None:
     MLflow's log_model writes it)."""
     from mlflow.models import Model
 
-    from growpipe.serving import quiet_mlflow
-
     mlmodel = Model.load(str(path / "MLmodel"))
     mlmodel.artifact_path = client.get_logged_model(model_id).artifact_location
     mlmodel.model_uuid = mlmodel.model_id = model_id
@@ -557,8 +556,6 @@ def replay(path: str | Path, uri: str | None = None, say: Any = print) -> str:
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    from growpipe.errors import ConfigError
-
     lines = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
     if not lines or lines[0].get("op") != "run":
         raise ConfigError(f"{path}: not a growpipe mlflow-unsent file (its first line names the run)")
@@ -587,6 +584,4 @@ def replay(path: str | Path, uri: str | None = None, say: Any = print) -> str:
 
 
 def _yaml(obj: Any) -> str:
-    import yaml
-
     return yaml.safe_dump(obj, sort_keys=False)

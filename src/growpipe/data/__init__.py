@@ -8,8 +8,16 @@ from functools import partial
 from growpipe.config import DataSpec
 from growpipe.data.augment import Augment
 from growpipe.data.batches import iterate_batches
-from growpipe.data.bundle import DataBundle, Split, apply_feature_groups, batch_at, hold_out, limit, one_class_problem
-from growpipe.data.moments import normalise
+from growpipe.data.bundle import (
+    DataBundle,
+    Split,
+    apply_feature_groups,
+    batch_at,
+    hold_out,
+    limit,
+    normalise,
+    one_class_problem,
+)
 from growpipe.data.sources import (
     load_cifar,
     load_digits_bundle,

@@ -1,4 +1,5 @@
-"""In-memory datasets, feature groups and the order of an epoch's batches (read by `data.batches`).
+"""In-memory datasets, their standardisation (normalise), feature groups and the order of an epoch's batches
+(read by `data.batches`).
 
 A loader returns a DataBundle: train and test splits as tensors, the number of classes, and (after
 `apply_feature_groups`) the main input plus every side feature group that feature blocks may ask for.
@@ -14,9 +15,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from growpipe.config import FeatureGroupsSpec
+from growpipe.config import DataSpec, FeatureGroupsSpec
 from growpipe.data.checks import Origin
-from growpipe.data.moments import unstandardise
+from growpipe.data.moments import standardise, stats_sample, tensor_stats, unstandardise
 from growpipe.data.text import Vocab
 from growpipe.errors import DataError
 from growpipe.nn.packet import Packet
@@ -298,3 +299,54 @@ def batch_at(split: Split, batch_size: int, b: int, side_groups: tuple[str, ...]
     """Batch `b` of `split` in its own order, not augmented (evaluation), with each sample's row in the split."""
     x, y, idx = split.read(torch.arange(b * batch_size, min(len(split), (b + 1) * batch_size)))
     return Packet(x=x, y=y, side={g: split.side[g][idx] for g in side_groups}, index=b, rows=idx)
+
+
+def normalise(bundle: DataBundle, spec: DataSpec, seed: int = 0) -> DataBundle:
+    """Check a bounded sample of the rows read from disk (`stats_sample`: data.stats_rows of each split; the
+    others are checked as batches read them; unreadable ones skipped with data.skip_bad_files, else named)
+    and standardise every split with the training sample's statistics, the given ones (data.normalize), or
+    none. Token ids (text) are left as they are."""
+    if bundle.kind == "text":
+        return bundle
+    names = [n for n in ("train", "val", "test") if getattr(bundle, n) is not None]
+    scanned = None
+    for n in names:
+        split = getattr(bundle, n)
+        if split.streamed:  # the sampled rows read once; only the training rows' statistics are kept
+            rows = stats_sample(len(split), spec.stats_rows, seed)
+            measure = n == "train" and spec.normalize == "train"
+            stats, bad = split.x.scan(rows, spec.skip_bad_files, measure=measure)
+            scanned = stats if n == "train" else scanned
+            if bad:
+                keep = torch.from_numpy(np.setdiff1d(np.arange(len(split)), bad))
+                setattr(bundle, n, Split(split.x.take(keep.numpy()), split.y[keep], augment=split.augment))
+                bundle.notes.append(f"{n}: skipped {len(bad)} unreadable image(s) (data.skip_bad_files)")
+    train = bundle.train
+    if train.streamed:
+        for n in names:
+            getattr(bundle, n).x.pixels = train.x.pixels  # integer pixels are pixels in every split
+    stats = _chosen_stats(train, scanned, spec, bundle.name, seed)
+    for n in names:
+        split = getattr(bundle, n)
+        if split.streamed:
+            split.x.stats = stats
+        else:
+            setattr(bundle, n, Split(standardise(split.x, stats, 1), split.y, split.side, split.augment))
+    bundle.normalize = stats
+    return bundle
+
+
+def _chosen_stats(train: Split, scanned: dict[str, list[float]] | None, spec: DataSpec, name: str,
+                  seed: int) -> dict[str, list[float]] | None:  # fmt: skip
+    norm = spec.normalize
+    if norm == "none":
+        return None
+    if norm == "train":
+        if scanned is not None:
+            return scanned
+        return tensor_stats(train.x, stats_sample(len(train), spec.stats_rows, seed))
+    count = train.shape[0]
+    if len(norm.mean) != count:
+        raise DataError(f"data.normalize: {len(norm.mean)} mean/std value(s) given but {name} has {count} "
+                        f"{'channels' if len(train.shape) == 3 else 'features'}; give one per channel")  # fmt: skip
+    return {"mean": list(norm.mean), "std": list(norm.std)}

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
+import psutil
 
 from growpipe.config import DataSpec
 from growpipe.data.assemble import image_bundle
@@ -25,7 +26,7 @@ def frames_to_bundle(name: str, train: pd.DataFrame, test: pd.DataFrame, spec: D
     """Turn train/test frames into a text bundle (when the text column exists), an image bundle (number
     lists or numeric columns reshaped by data.image_shape) or a tabular one. `origins` (each split's file)
     name the rows in messages."""
-    import pandas as pd
+    import pandas as pd  # lazy: about 0.4 s, only for table data
 
     label = spec.label_column
     origins = origins or {s: Origin.of_split(name, s) for s in ("train", "test")}
@@ -80,8 +81,6 @@ def frames_to_bundle(name: str, train: pd.DataFrame, test: pd.DataFrame, spec: D
 def _check_token_memory(rows: int, width: int, kept: int, spec: DataSpec) -> None:
     """DataError naming data.max_len when `rows` documents of `width` token ids (int64) cannot fit in this
     machine's memory."""
-    import psutil
-
     need, have = 8 * rows * width, psutil.virtual_memory().total
     if need <= have:
         return

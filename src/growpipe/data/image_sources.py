@@ -4,6 +4,7 @@ image folders (imagefolder:DIR|URI)."""
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import struct
 from pathlib import Path
 
@@ -47,8 +48,6 @@ def load_digits_bundle(spec: DataSpec) -> DataBundle:
 def digits_rows() -> tuple[np.ndarray, np.ndarray]:
     """The digits' pixels (1,797 x 64, values 0-16) and labels from scikit-learn's bundled CSV, read the way
     its load_digits reads it but without importing scikit-learn; load_digits itself when the file moved."""
-    import importlib.util
-
     found = importlib.util.find_spec("sklearn")
     where = list(found.submodule_search_locations or []) if found else []
     csv = Path(where[0], "datasets", "data", "digits.csv.gz") if where else None

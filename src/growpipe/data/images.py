@@ -8,7 +8,10 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+import fsspec
 import numpy as np
+from fsspec.implementations.local import LocalFileSystem
+from PIL import Image, UnidentifiedImageError
 
 from growpipe.config import DataSpec
 from growpipe.errors import DataError, DataNotFoundError
@@ -21,8 +24,6 @@ MODES = {1: "L", 3: "RGB"}
 def open_image(raw: Any, where: str) -> Any:
     """A PIL image from bytes, a path, a {'bytes', 'path'} dict (Hugging Face) or a PIL image; DataError
     naming `where` when it cannot be decoded."""
-    from PIL import Image, UnidentifiedImageError
-
     if isinstance(raw, Image.Image):
         return raw
     if isinstance(raw, dict):
@@ -42,8 +43,6 @@ def open_image(raw: Any, where: str) -> Any:
 def stack_images(images: Iterable[tuple[str, Any]], spec: DataSpec, source: str) -> np.ndarray:
     """(N, C, H, W) uint8 of the images: converted to data.channels and resized to data.image_size when set,
     else all must share the first image's mode and size (DataError naming the first that differs)."""
-    from PIL import Image
-
     out: list[np.ndarray] = []
     mode = MODES.get(spec.channels or 0)
     size = (spec.image_size[1], spec.image_size[0]) if spec.image_size else None  # PIL: (width, height)
@@ -74,8 +73,6 @@ def stack_images(images: Iterable[tuple[str, Any]], spec: DataSpec, source: str)
 
 def open_fs(uri: str) -> tuple[Any, str]:
     """(fsspec filesystem, path) of a directory or URI; DataError when its filesystem is not installed."""
-    import fsspec
-
     try:
         return fsspec.core.url_to_fs(uri)
     except (ImportError, ValueError) as e:
@@ -120,8 +117,6 @@ def scan_folder(uri: str) -> dict[str, list[tuple[str, str]]]:
 def image_files(fs: Any, folder: str) -> list[str]:
     """The image files in `folder` (by suffix), sorted; a local folder listed by os.scandir (fsspec's local
     listing costs about 20 us a file: a second per 50,000 images at load)."""
-    from fsspec.implementations.local import LocalFileSystem
-
     if not isinstance(fs, LocalFileSystem):
         return sorted(f for f in fs.ls(folder, detail=False) if f.lower().endswith(IMAGE_SUFFIXES))
     base = folder.rstrip("/")

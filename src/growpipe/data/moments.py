@@ -5,16 +5,8 @@ the same positions whichever format holds the rows, or all of them."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import torch
-
-from growpipe.config import DataSpec
-from growpipe.errors import DataError
-
-if TYPE_CHECKING:
-    from growpipe.data.bundle import DataBundle, Split
 
 STATS_BATCH = 64  # rows per float64 partial sum: the same chunks in memory and on disk give the same sums
 
@@ -100,56 +92,3 @@ def _along(stats: dict[str, list[float]], ndim: int, axis: int, dtype: torch.dty
     shape = [1] * ndim
     shape[axis] = -1
     return tuple(torch.tensor(stats[k], dtype=dtype).reshape(shape) for k in ("mean", "std"))
-
-
-def normalise(bundle: DataBundle, spec: DataSpec, seed: int = 0) -> DataBundle:
-    """Check a bounded sample of the rows read from disk (`stats_sample`: data.stats_rows of each split; the
-    others are checked as batches read them; unreadable ones skipped with data.skip_bad_files, else named)
-    and standardise every split with the training sample's statistics, the given ones (data.normalize), or
-    none. Token ids (text) are left as they are."""
-    from growpipe.data.bundle import Split
-
-    if bundle.kind == "text":
-        return bundle
-    names = [n for n in ("train", "val", "test") if getattr(bundle, n) is not None]
-    scanned = None
-    for n in names:
-        split = getattr(bundle, n)
-        if split.streamed:  # the sampled rows read once; only the training rows' statistics are kept
-            rows = stats_sample(len(split), spec.stats_rows, seed)
-            measure = n == "train" and spec.normalize == "train"
-            stats, bad = split.x.scan(rows, spec.skip_bad_files, measure=measure)
-            scanned = stats if n == "train" else scanned
-            if bad:
-                keep = torch.from_numpy(np.setdiff1d(np.arange(len(split)), bad))
-                setattr(bundle, n, Split(split.x.take(keep.numpy()), split.y[keep], augment=split.augment))
-                bundle.notes.append(f"{n}: skipped {len(bad)} unreadable image(s) (data.skip_bad_files)")
-    train = bundle.train
-    if train.streamed:
-        for n in names:
-            getattr(bundle, n).x.pixels = train.x.pixels  # integer pixels are pixels in every split
-    stats = _chosen_stats(train, scanned, spec, bundle.name, seed)
-    for n in names:
-        split = getattr(bundle, n)
-        if split.streamed:
-            split.x.stats = stats
-        else:
-            setattr(bundle, n, Split(standardise(split.x, stats, 1), split.y, split.side, split.augment))
-    bundle.normalize = stats
-    return bundle
-
-
-def _chosen_stats(train: Split, scanned: dict[str, list[float]] | None, spec: DataSpec, name: str,
-                  seed: int) -> dict[str, list[float]] | None:  # fmt: skip
-    norm = spec.normalize
-    if norm == "none":
-        return None
-    if norm == "train":
-        if scanned is not None:
-            return scanned
-        return tensor_stats(train.x, stats_sample(len(train), spec.stats_rows, seed))
-    count = train.shape[0]
-    if len(norm.mean) != count:
-        raise DataError(f"data.normalize: {len(norm.mean)} mean/std value(s) given but {name} has {count} "
-                        f"{'channels' if len(train.shape) == 3 else 'features'}; give one per channel")  # fmt: skip
-    return {"mean": list(norm.mean), "std": list(norm.std)}

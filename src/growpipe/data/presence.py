@@ -8,7 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
+
 from growpipe.config import DataSpec
+from growpipe.data import sources
+from growpipe.data.bundle import one_class_problem
+from growpipe.data.images import open_fs
+from growpipe.data.sources import unreadable
 from growpipe.errors import DataError
 
 
@@ -24,9 +30,6 @@ def data_problem(spec: DataSpec) -> str | None:
 
 def find_data(spec: DataSpec) -> None:
     """Raise the DataNotFoundError the loader of `spec` would, without reading the data."""
-    from growpipe.data import sources
-    from growpipe.data.images import open_fs
-
     name = spec.name
     if name == "fashion-mnist" and not spec.download:
         sources.locate(spec, name, list(sources.FASHION_FILES.values()), sources.FASHION_SYSTEM_DIRS)
@@ -52,11 +55,6 @@ def find_data(spec: DataSpec) -> None:
 def check_parquet_labels(path: str, label: str, fs: Any = None) -> None:
     """DataError when the training file `path` holds one class only (read: its label column alone); a file
     without that column is left to the loader, which names it."""
-    import pyarrow.parquet as pq
-
-    from growpipe.data.bundle import one_class_problem
-    from growpipe.data.sources import unreadable
-
     try:
         with fs.open(path, "rb") if fs is not None else open(path, "rb") as f:
             table = pq.ParquetFile(f)

@@ -8,24 +8,22 @@ what they decide. Grow requests arrive from other threads through `grow()`.
 
 from __future__ import annotations
 
-import contextlib
-import queue
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from growpipe import signals
 from growpipe.checkpoint import CheckpointStore, check_input_matches, run_folder_problem
-from growpipe.config import GrowStep, RunConfig, parse_grow_request
-from growpipe.errors import CheckpointError, ConfigError, GrowpipeError, NonFiniteError, ShapeError
-from growpipe.growth import FrozenWatch, GrowthPlan, grow_refusal, growth_event, note_epoch
+from growpipe.config import GrowStep, RunConfig
+from growpipe.errors import CheckpointError, NonFiniteError, describe
+from growpipe.growth import GrowthPlan, grow_refusal, growth_event, note_epoch
 from growpipe.loop.callbacks import RunCallback, notify, wants_final_net
+from growpipe.loop.checkpointing import Checkpointer
 from growpipe.loop.elastic import Topology
 from growpipe.loop.engine import Engine, Prepared, WorkerLost
-from growpipe.loop.orders import GrowOrder, check_input_size
-from growpipe.loop.policies import CheckpointTiming, Raise, better_epoch, decide_failure, learned_nothing
+from growpipe.loop.orders import GrowRequests
+from growpipe.loop.policies import Raise, better_epoch, decide_failure, learned_nothing
+from growpipe.loop.record import RunRecord
 from growpipe.loop.states import Caching, Errored, Finished, Growing, Restoring, Starting, State, Training
 from growpipe.loop.stats import StageStats, merge_by_stage
 from growpipe.nn.inference import chosen_threshold
@@ -35,31 +33,7 @@ from growpipe.report import epoch_row, summarize
 
 Say = Callable[[str], None]
 
-MORE_BLOCKS_HINT = "for more blocks, start or resume the run with --set grow.max_blocks=N"
-
 SKIP_HINT = "lower train.lr (train.on_nonfinite=skip_batch still stops a run once an epoch learns nothing)"
-
-
-@dataclass
-class RunResult:
-    """What a run produced: the result JSON, the trained net (when asked for) and the data it read (the
-    local engine)."""
-
-    result: dict[str, Any]
-    net: GrowableNet | None = None
-    bundle: Any = None
-
-    def summary(self) -> dict[str, Any]:
-        """The result JSON (see growpipe.report.summarize)."""
-        return self.result
-
-    @property
-    def history(self) -> list[dict[str, Any]]:
-        return self.result["history"]
-
-    @property
-    def growth(self) -> list[dict[str, Any]]:
-        return self.result["growth"]
 
 
 class RunLoop:
@@ -83,37 +57,23 @@ class RunLoop:
         self.store = store
         self.callbacks = list(callbacks or [])
         self.say: Say = say or (lambda _line: None)
-        self.timing = CheckpointTiming.from_spec(cfg.checkpoint.model_copy(update={"enabled": store is not None}))
+        self.checkpoints = Checkpointer(cfg, store, engine, self.run_name, self.callbacks, self.say)
+        self.timing = self.checkpoints.timing
         self.state: State = Starting(resume)
         self.error: str | None = None
         self.failure: BaseException | None = None  # the exception that ended the run
         self.stop_reason: str | None = None  # why the run was stopped from outside (not a failure)
         self.plan = GrowthPlan(cfg)
-        self.watch = FrozenWatch()
+        self.rec = RunRecord()
         self.info: InputInfo | None = None
         self.specs: list[BlockSpec] = []
-        self.frozen: set[int] = set()
-        self.history: list[dict[str, Any]] = []
-        self.growth: list[dict[str, Any]] = []
-        self.growth_skipped: list[dict[str, Any]] = []  # planned steps grow.max_blocks stopped
-        self.caches: list[dict[str, Any]] = []
         self.totals: dict[int, StageStats] = {}
-        self.train_seconds = 0.0
-        self.samples = 0
-        self.restarts = 0
-        self.ckpt_seq = 0
         self.cache_due = False
         self.last_eval: dict[str, Any] | None = None
-        self.best: dict[str, Any] | None = None  # model selection: {epoch, val_accuracy, path} since the last growth
         self.result: dict[str, Any] | None = None
         self.net: GrowableNet | None = None
         self.final_states: list[dict[str, Any]] | None = None
-        self.orders: queue.Queue[GrowOrder] = queue.Queue()
-        self._pending = 0  # requests accepted and not answered yet (queued or being placed)
-        self._prepared: GrowOrder | None = None  # a request placed while an epoch ran, waiting for the pause
-        self._placing: tuple[GrowOrder, threading.Thread] | None = None  # a request being placed meanwhile
-        self._placing_error: BaseException | None = None
-        self._lock = threading.Lock()
+        self.requests = GrowRequests(cfg, engine, self.run_name, self.say)
         self.topology = Topology(cfg, engine, self.callbacks, self.say, lambda: self.stop_reason is not None)
         self._epoch_open = False  # between an epoch's start and its line: a progress bar may be drawn
         self._row_epoch = 0  # the newest epoch whose row this start of the run made
@@ -141,7 +101,7 @@ class RunLoop:
             self._stopped(self.stop_reason or f"interrupted ({why})")
             raise
         finally:
-            self._reject_pending(f"run {self.run_name!r} has {self.state.name}; nothing to grow")
+            self.requests.reject_all(f"run {self.run_name!r} has {self.state.name}; nothing to grow")
             self.engine.stop()
             notify(self.callbacks, "close", say=self.say)
         if isinstance(self.state, Errored):
@@ -176,16 +136,16 @@ class RunLoop:
         what = describe(e)
         latest = self.store.latest() if self.store else None
         lost = isinstance(e, WorkerLost) and not isinstance(self.state, Starting)  # a fresh start has no restore point
-        decision = decide_failure(what, lost, self.restarts,
+        decision = decide_failure(what, lost, self.rec.restarts,
                                   self.cfg.runtime.max_stage_restarts, latest.path if latest else None,
                                   self.cfg.checkpoint.enabled)  # fmt: skip
         if isinstance(decision, Raise):
             self.error, self.failure = decision.message, e  # said once, by whoever started the run
             notify(self.callbacks, "on_error", decision.message, say=self.say)
             return Errored(decision.message)
-        self.restarts = decision.restart
+        self.rec.restarts = decision.restart
         limit = self.cfg.runtime.max_stage_restarts
-        self.say(f"recover {what}; restart {self.restarts}/{limit}: every block back to "
+        self.say(f"recover {what}; restart {self.rec.restarts}/{limit}: every block back to "
                  f"{decision.path.rsplit('/', 1)[-1]}")  # fmt: skip
         return Restoring(decision.path, what)
 
@@ -194,7 +154,7 @@ class RunLoop:
         cfg = self.cfg
         manifest = None
         if s.resume:
-            manifest = self._reader().read_manifest(s.resume)
+            manifest = self.checkpoints.reader().read_manifest(s.resume)
         elif self.store is not None and (why := run_folder_problem(self.store, True, cfg.checkpoint.overwrite)):
             raise CheckpointError(why)  # checked before the run already; this catches a run started meanwhile
         layout = manifest.get("layout") if manifest else None
@@ -210,7 +170,7 @@ class RunLoop:
         self.say(f"net    {self.engine.build(self.specs, layout)}")
         self.topology.note()
         if manifest and s.resume:
-            self.engine.restore(self._reader(), s.resume, manifest["shards"])
+            self.engine.restore(self.checkpoints.reader(), s.resume, manifest["shards"])
             self._restore_record(manifest)
             self.say(f"resume {s.resume}: epoch {manifest['epoch']}, batch {manifest['batch']}, "
                      f"{len(self.specs)} blocks")  # fmt: skip
@@ -240,8 +200,7 @@ class RunLoop:
             if part.paused_at is None:
                 break
             start = part.paused_at
-            if self._prepared is not None:  # a request was placed while the epoch ran: grow, then go on
-                order, self._prepared = self._prepared, None
+            if (order := self.requests.take_prepared()) is not None:  # placed while the epoch ran: grow, go on
                 resume = Training(t.epoch, start, tuple(parts), samples, seconds)
                 return Growing(t.epoch - 1, start, order=order, resume=resume)
             if start == stop_at:
@@ -252,19 +211,20 @@ class RunLoop:
     def _growing(self, g: Growing) -> State:
         grew = False
         for step in g.steps:  # planned: a block that cannot be placed ends the run
-            if why := grow_refusal(self.run_name, len(self.specs), self._pending, self.cfg.max_blocks()):
+            if why := grow_refusal(self.run_name, len(self.specs), self.requests.pending, self.cfg.max_blocks()):
                 self._skip_planned(step, g.source, g.epoch, why)
                 continue
-            prepared = self.engine.prepare_block(self._next_spec(step))
+            prepared = self.engine.prepare_block(self.next_spec(step))
             self._attach(prepared, step, g.source, g.epoch, g.batch)
             grew = True
+        requests = self.requests
         if g.order is not None:
-            grew = self._attach_order(g.order, g.epoch, g.batch) or grew
+            grew = requests.attach(g.order, len(self.specs), self._attacher(g.epoch, g.batch)) or grew
         if g.resume is None:  # between epochs: the requests waiting now
-            while not self.orders.empty():
-                order = self.orders.get()
-                if self._prepare_order(order):
-                    grew = self._attach_order(order, g.epoch, None) or grew
+            while not requests.orders.empty():
+                order = requests.orders.get()
+                if requests.prepare(order, self):
+                    grew = requests.attach(order, len(self.specs), self._attacher(g.epoch, None)) or grew
         at_end = g.resume is None and self.timing.at_epoch_end(g.epoch, self.plan.total_epochs)
         if grew or at_end:  # a boundary whose planned steps were all skipped keeps its epoch-end checkpoint
             self._checkpoint(g.epoch, g.batch or 0)
@@ -277,7 +237,7 @@ class RunLoop:
         self.cache_due = False
         if record is not None:
             record = {"epoch": c.then.epoch - 1, **record}
-            self.caches.append(record)
+            self.rec.caches.append(record)
             k = record["block"]
             self.say(f"cache  block {k} trains from the frozen prefix's outputs ({record['where']}, computed in "
                      f"{record['seconds']:.1f}s); blocks 0-{k - 1} stop computing")  # fmt: skip
@@ -299,10 +259,10 @@ class RunLoop:
     def _boundary(self, epoch: int) -> State:
         """After `epoch` finished epochs (0: the start): grow (planned, or a request), checkpoint, go on."""
         best = self._note_best(epoch)
-        due = self.plan.due(epoch, self.history, len(self.specs))
-        self._collect_placement(wait=False)
-        order, self._prepared = self._prepared, None  # placed during an epoch that could not pause
-        if due or order is not None or (not self.orders.empty() and epoch < self.plan.total_epochs):
+        due = self.plan.due(epoch, self.rec.history, len(self.specs))
+        self.requests.collect(wait=False)
+        order = self.requests.take_prepared()  # placed during an epoch that could not pause
+        if due or order is not None or (not self.requests.orders.empty() and epoch < self.plan.total_epochs):
             return Growing(epoch, None, steps=tuple(due), source=self.plan.policy, order=order)
         spread = self.topology.expand_due() if self.store and epoch < self.plan.total_epochs else None
         if spread is not None:  # a shrunk run whose lost homes are back: its blocks go home, state carried over
@@ -316,12 +276,12 @@ class RunLoop:
     def _note_best(self, epoch: int) -> bool:
         """Model selection (eval.restore_best): whether epoch `epoch` just beat the best validation accuracy
         since the last growth (its checkpoint is then written and kept)."""
-        if not (self.cfg.eval.restore_best and self.store and epoch and self.history):
+        if not (self.cfg.eval.restore_best and self.store and epoch and self.rec.history):
             return False
-        row = self.history[-1]
-        if row["epoch"] != epoch or not better_epoch(self.best["val_accuracy"] if self.best else None, row):
+        row = self.rec.history[-1]
+        if row["epoch"] != epoch or not better_epoch(self.rec.best["val_accuracy"] if self.rec.best else None, row):
             return False
-        self.best = {"epoch": epoch, "val_accuracy": row["val_accuracy"], "path": None}
+        self.rec.best = {"epoch": epoch, "val_accuracy": row["val_accuracy"], "path": None}
         return True
 
     def _next_epoch(self, epoch: int, batch: int) -> State:
@@ -355,18 +315,18 @@ class RunLoop:
             skipped.update(s.skipped)
             s.wall_s, s.events = seconds, []
             self.totals[s.stage] = self.totals[s.stage].merge(s) if s.stage in self.totals else s
-        self.train_seconds += seconds
-        self.samples += samples
+        self.rec.train_seconds += seconds
+        self.rec.samples += samples
         self._epoch_open = False  # no progress bar from here: the epoch's line comes next
         t0 = time.perf_counter()
         ev = self.last_eval = self.engine.evaluate()
         eval_seconds = time.perf_counter() - t0
         depth = len(self.specs)
-        row = epoch_row(epoch, self.cfg, depth, depth - len(self.frozen), losses, ev, samples, seconds, skipped)
+        row = epoch_row(epoch, self.cfg, depth, depth - len(self.rec.frozen), losses, ev, samples, seconds, skipped)
         row.update(eval_seconds=round(eval_seconds, 4), checkpoint_seconds=0.0, eval_bytes=ev.get("eval_bytes"))
-        self.history.append(row)
+        self.rec.history.append(row)
         self._row_epoch = epoch
-        note_epoch(self.growth, row)
+        note_epoch(self.rec.growth, row)
         if self.engine.stage_table:
             notify(self.callbacks, "after_epoch_stages", epoch, [s.row() for s in stats], say=self.say)
         notify(self.callbacks, "after_epoch", row, say=self.say)
@@ -399,100 +359,23 @@ class RunLoop:
         Validated like a config; the block is placed and built while training goes on, then the engine
         pauses before its next batch (or at the end of the epoch), freezes the earlier blocks
         (cfg.grow.freeze), attaches the block and goes on. Requests are served one at a time, in arrival
-        order. Returns what was added, or {'error': message}: a bad request never disturbs the run."""
-        try:
-            ask = parse_grow_request(request)
-            self.cfg.check_feature_group(ask.as_step(), "group")
-        except (ConfigError, ValueError) as e:
-            return {"error": str(e)}
-        with self._lock:
-            if self.state.terminal:
-                return {"error": f"run {self.run_name!r} has {self.state.name}; nothing to grow"}
-            why = grow_refusal(self.run_name, len(self.specs), self._pending, self.cfg.max_blocks())
-            if why:
-                return {"error": f"{why}; {MORE_BLOCKS_HINT}"}
-            if self.info is not None and self.specs:
-                try:  # fail fast; checked again against the block it really lands on
-                    check_input_size(ask, self.info, self.specs[-1])
-                except ShapeError as e:
-                    return {"error": str(e)}
-            order = GrowOrder(ask)
-            self._pending += 1
-            self.orders.put(order)
-        order.done.wait()
-        return order.answer if order.answer is not None else {"error": order.error}
+        order (loop.orders.GrowRequests). Returns what was added, or {'error': message}: a bad request never
+        disturbs the run."""
+        return self.requests.submit(request, self)
 
     def _poll(self) -> bool:
-        """Called by the engine between batches: start placing a waiting request's block (in a thread of its
-        own when the engine can train meanwhile, else here); True once one is ready to attach (the engine
-        then pauses)."""
+        """Called by the engine between batches: the running epoch's position out, a waiting request's block
+        placed; True once one is ready to attach (the engine then pauses)."""
         self._push_position()
-        self._collect_placement(wait=False)
-        if self._prepared is None and self._placing is None and not self.orders.empty():
-            order = self.orders.get()
-            if self.engine.places_while_training:
-                thread = threading.Thread(target=self._place, args=(order,), name="growpipe-place", daemon=True)
-                self._placing = (order, thread)
-                thread.start()
-            elif self._prepare_order(order):
-                self._prepared = order
-        return self._prepared is not None
+        return self.requests.poll(self)
 
-    def _place(self, order: GrowOrder) -> None:
-        """The placement thread: prepare `order`; a failure that is not the request's is kept for the loop."""
-        try:
-            self._prepare_order(order)
-        except BaseException as e:  # a worker lost while placing: raised on the loop's thread
-            self._placing_error = e
-
-    def _collect_placement(self, wait: bool) -> None:
-        """Take a finished placement (with `wait`, the running one once it finishes): its block becomes the
-        one to attach, or its failure is raised here, on the loop's thread."""
-        if self._placing is None:
-            return
-        order, thread = self._placing
-        if wait:
-            thread.join()
-        if thread.is_alive():
-            return
-        self._placing = None
-        if self._placing_error is not None:
-            error, self._placing_error = self._placing_error, None
-            raise error
-        if order.prepared is not None:
-            self._prepared = order
-
-    def _next_spec(self, step: GrowStep) -> BlockSpec:
+    def next_spec(self, step: GrowStep) -> BlockSpec:
+        """The spec of the block `step` appends."""
         assert self.info is not None
         return plan_growth_block(self.cfg.net, self.info, self.specs[-1], step)
 
-    def _prepare_order(self, order: GrowOrder) -> bool:
-        """Place and build a requested block; on failure answer the caller and leave the run as it is."""
-        assert self.info is not None
-        try:
-            check_input_size(order.ask, self.info, self.specs[-1])
-            order.prepared = self.engine.prepare_block(self._next_spec(order.ask.as_step()))
-        except (GrowpipeError, ValueError) as e:
-            self._answer(order, error=describe(e))
-            self.say(f"grow   request refused: {order.error}")
-            return False
-        except Exception as e:  # a worker lost while placing: refuse the request, the run decides on its own
-            self._answer(order, error=describe(e))
-            raise
-        return True
-
-    def _attach_order(self, order: GrowOrder, epoch: int, batch: int | None) -> bool:
-        """Attach a prepared request unless grow.max_blocks was reached meanwhile; answer the caller."""
-        why = grow_refusal(self.run_name, len(self.specs), 0, self.cfg.max_blocks())
-        if why:
-            why = f"{why}; {MORE_BLOCKS_HINT}"
-            self.engine.discard_block(order.prepared)
-            self._answer(order, error=why)
-            self.say(f"grow   request refused: {why}")
-            return False
-        event = self._attach(order.prepared, order.ask.as_step(), "request", epoch, batch)
-        self._answer(order, answer={**event, **order.prepared.extra})
-        return True
+    def _attacher(self, epoch: int, batch: int | None) -> Callable[[Prepared, GrowStep], dict[str, Any]]:
+        return lambda prepared, step: self._attach(prepared, step, "request", epoch, batch)
 
     def _attach(self, prepared: Prepared, step: GrowStep, source: str, epoch: int, batch: int | None) -> dict:
         """Attach a prepared block after the last one (freezing the others when grow.freeze) and record it;
@@ -501,74 +384,35 @@ class RunLoop:
         freeze = self.cfg.grow.freeze
         self.engine.attach_block(prepared, freeze)
         if freeze:
-            self.frozen |= set(range(depth))
+            self.rec.frozen |= set(range(depth))
             sums = self.engine.checksums()
-            self.watch.note({i: sums[i] for i in range(depth)})
+            self.rec.watch.note({i: sums[i] for i in range(depth)})
             self.cache_due = self.cfg.grow.cache.enabled and prepared.cacheable
-        event = growth_event(epoch, step, depth + 1, self.history, source, batch)
+        event = growth_event(epoch, step, depth + 1, self.rec.history, source, batch)
         event.update(block=prepared.spec.index, family=prepared.spec.encoder.family, where=prepared.where)
         self.specs.append(prepared.spec)
         self.plan.grew(epoch)
-        self.best = None  # model selection starts again on the grown net
-        if self.store is not None:
-            self.store.protected = set()
+        self.rec.best = None  # model selection starts again on the grown net
+        self.checkpoints.forget_best()
         self.last_eval = None
-        self.growth.append(event)
+        self.rec.growth.append(event)
         notify(self.callbacks, "on_growth", event, say=self.say)
         return event
 
     def _skip_planned(self, step: GrowStep, source: str, epoch: int, why: str) -> None:
         """A planned step the grow limit stops (a request took its place): said once, recorded, the run goes on."""
-        self.growth_skipped.append({"epoch": epoch, "kind": step.kind, "group": step.group, "width": step.width,
+        self.rec.growth_skipped.append({"epoch": epoch, "kind": step.kind, "group": step.group, "width": step.width,
                                     "source": source, "reason": why})  # fmt: skip
         self.say(f"grow   planned {step.kind} step after epoch {epoch} skipped: {why}")
 
-    def _answer(self, order: GrowOrder, answer: dict[str, Any] | None = None, error: str | None = None) -> None:
-        with self._lock:
-            self._pending -= 1
-        if answer is not None:
-            order.succeed(answer)
-        else:
-            order.fail(error or "refused")
-
-    def _reject_pending(self, why: str) -> None:
-        with contextlib.suppress(Exception):  # the run ends either way; its failure is known already
-            self._collect_placement(wait=True)
-        orders = [self._prepared] if self._prepared is not None else []
-        self._prepared = None
-        while not self.orders.empty():
-            orders.append(self.orders.get())
-        for order in orders:
-            if order.prepared is not None:
-                self.engine.discard_block(order.prepared)
-            self._answer(order, error=why)
-
     # ---- checkpoints ----------------------------------------------------------------------------------
-    def _reader(self) -> CheckpointStore:
-        """The run's store, or (checkpoints off) one that reads the checkpoint a resume starts from."""
-        return self.store or CheckpointStore(self.cfg.checkpoint.uri, self.run_name)
-
     def _checkpoint(self, epoch: int, batch: int, best: bool = False) -> None:
-        """A restore point at `epoch` finished epochs and `batch` batches into the next: every block's
-        shard from the engine, then the manifest (the commit). `best`: the epoch model selection keeps."""
-        if self.store is None:
-            return
-        self.ckpt_seq += 1
-        t0 = time.perf_counter()
-        path = self.store.dir_for(epoch, batch, self.ckpt_seq)
-        if best and self.best is not None:
-            self.best["path"] = path
-            self.store.protected = {path}
-        shards = self.engine.save(self.store, path)
-        manifest = {**self.record(), "epoch": epoch, "batch": batch, "seq": self.ckpt_seq, "shards": shards,
-                    "layout": self.engine.layout()}  # fmt: skip
-        ref = self.store.commit(path, manifest, say=self.say)  # a failed prune is a line, the run goes on
-        notify(self.callbacks, "on_checkpoint", {"path": ref.path, "epoch": epoch, "batch": batch, "seq": ref.seq},
-               say=self.say)  # fmt: skip
-        if self.history:  # the time writing restore points after an epoch's row counts in that row
-            row = self.history[-1]
-            row["checkpoint_seconds"] = round(row.get("checkpoint_seconds", 0.0) + time.perf_counter() - t0, 4)
-        self.say(f"ckpt   {ref.path.rsplit('/', 1)[-1]} (epoch {epoch}, batch {batch})")
+        """A restore point now (see Checkpointer.write); `best`: the epoch model selection keeps. Its time counts
+        in the newest epoch's row."""
+        seconds = self.checkpoints.write(epoch, batch, self.record, self.rec.best if best else None)
+        if seconds is not None and self.rec.history:
+            row = self.rec.history[-1]
+            row["checkpoint_seconds"] = round(row.get("checkpoint_seconds", 0.0) + seconds, 4)
 
     def record(self) -> dict[str, Any]:
         """The run's record as a checkpoint manifest keeps it (without position and shards)."""
@@ -578,35 +422,17 @@ class RunLoop:
             "config": self.cfg.model_dump(mode="json"),
             "input": self.info.to_dict(),
             "topology": [s.to_dict() for s in self.specs],
-            "history": self.history,
-            "growth": self.growth,
-            "growth_skipped": self.growth_skipped,
-            "frozen_checksums": {str(i): v for i, v in self.watch.at_freeze.items()},
-            "train_seconds": self.train_seconds,
-            "samples": self.samples,
-            "caches": self.caches,
-            "restarts": self.restarts,
-            "best": self.best,
+            **self.rec.to_manifest(),
             "mlflow_run_id": next((cb.run_id for cb in self.callbacks if getattr(cb, "run_id", None)), None),
         }
 
     def _restore_record(self, manifest: dict[str, Any]) -> None:
-        # past every folder of the run: a resume that went back from a damaged checkpoint never writes into it
-        self.ckpt_seq = max(self.ckpt_seq, manifest["seq"], self.store.highest_seq() if self.store else 0)
-        self.history, self.growth = list(manifest["history"]), list(manifest["growth"])
-        self.growth_skipped = list(manifest.get("growth_skipped", []))
+        self.rec.restore(manifest)
         self.plan = GrowthPlan(self.cfg)
-        for event in self.growth:
+        for event in self.rec.growth:
             self.plan.grew(event["epoch"])
-        self.watch = FrozenWatch()
-        self.watch.note({int(i): v for i, v in manifest["frozen_checksums"].items()})
-        self.frozen = {int(i) for i in manifest["frozen_checksums"]}
-        self.train_seconds, self.samples = manifest["train_seconds"], manifest["samples"]
-        self.caches = list(manifest.get("caches", []))
-        self.best = manifest.get("best")
-        if self.store is not None:
-            self.store.protected = {self.best["path"]} if self.best else set()
-        self.cache_due = self.cfg.grow.cache.enabled and bool(self.frozen)
+        self.checkpoints.restored(manifest, self.rec.best)
+        self.cache_due = self.cfg.grow.cache.enabled and bool(self.rec.frozen)
         self.totals = {}
         self.last_eval = None
 
@@ -615,8 +441,8 @@ class RunLoop:
         selected = self._select_best()
         ev = dict(self.last_eval or self.engine.evaluate())
         ev["early_exit"] = self.engine.measure_early_exit(chosen_threshold(ev, self.cfg.eval.exit_threshold))
-        summary = summarize(self.cfg, len(self.specs), self.history, self.growth, ev, self.train_seconds,
-                            self.samples)  # fmt: skip
+        summary = summarize(self.cfg, len(self.specs), self.rec.history, self.rec.growth, ev, self.rec.train_seconds,
+                            self.rec.samples)  # fmt: skip
         summary["runtime"] = self.engine.name
         summary["selected_epoch"] = selected
         if self.engine.stage_table:
@@ -625,10 +451,10 @@ class RunLoop:
             summary["stages"] = rows
             summary["hop_overhead_ms"] = hops[len(hops) // 2] if hops else None
         summary.update(self.engine.extras())
-        summary["frozen_unchanged"] = self.watch.unchanged(self.engine.checksums())
-        summary["growth_skipped"] = self.growth_skipped
-        summary["prefix_caches"] = self.caches
-        summary["restarts"] = self.restarts
+        summary["frozen_unchanged"] = self.rec.watch.unchanged(self.engine.checksums())
+        summary["growth_skipped"] = self.rec.growth_skipped
+        summary["prefix_caches"] = self.rec.caches
+        summary["restarts"] = self.rec.restarts
         summary["topology_changes"] = self.topology.changes
         summary["checkpoints"] = self.store.root if self.store else None
         for fields in notify(self.callbacks, "result_fields", say=self.say):
@@ -645,10 +471,10 @@ class RunLoop:
     def _select_best(self) -> int | None:
         """Model selection at the end: back to the best epoch's checkpoint when a later epoch was worse on the
         validation split; the epoch whose net the result is (None: no validation split)."""
-        last = self.history[-1] if self.history else None
+        last = self.rec.history[-1] if self.rec.history else None
         if last is None or last["val_accuracy"] is None:
             return None
-        best = self.best
+        best = self.rec.best
         if best is None or best["path"] is None or best["epoch"] == last["epoch"] or self.store is None:
             return last["epoch"]
         manifest = self.store.read_manifest(best["path"])
@@ -681,7 +507,7 @@ class RunLoop:
         A run that had not ended is recorded as stopped: KILLED in MLflow, nothing logged after."""
         if reason and not self.state.terminal:
             self._stopped(reason)
-        self._reject_pending(f"run {self.run_name!r} was stopped")
+        self.requests.reject_all(f"run {self.run_name!r} was stopped")
         self.engine.stop()
 
     def _stopped(self, reason: str) -> None:
@@ -696,19 +522,8 @@ class RunLoop:
         return {
             "run": self.run_name,
             "state": state.name,
-            "epoch": state.epoch if isinstance(state, Training) else len(self.history),
+            "epoch": state.epoch if isinstance(state, Training) else len(self.rec.history),
             "blocks": [s.index for s in self.specs],
             "nodes": list(self.topology.nodes),
             "error": self.error,
         }
-
-
-def describe(e: BaseException) -> str:
-    """A one-line description of an error raised anywhere in a run."""
-    cause = getattr(e, "cause", None)  # a Ray task error carries the original one
-    if isinstance(cause, GrowpipeError | ValueError | RuntimeError) and not isinstance(e, GrowpipeError):
-        return str(cause)
-    if isinstance(e, GrowpipeError):
-        return str(e)
-    text = str(e).splitlines()[0] if str(e) else ""
-    return f"{type(e).__name__}: {text}"

@@ -2,14 +2,41 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+import queue
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
-from growpipe.config import GrowRequest
-from growpipe.errors import ShapeError
+from growpipe.config import GrowRequest, GrowStep, RunConfig, parse_grow_request
+from growpipe.errors import ConfigError, GrowpipeError, ShapeError, describe
+from growpipe.growth import grow_refusal
+from growpipe.loop.engine import Engine, Prepared
 from growpipe.nn.backbones import output_shape
 from growpipe.nn.specs import BlockSpec, InputInfo
+
+MORE_BLOCKS_HINT = "for more blocks, start or resume the run with --set grow.max_blocks=N"
+
+
+class RunState(Protocol):
+    """What a request reads of the run's state (growpipe.loop.states.State)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def terminal(self) -> bool: ...
+
+
+class GrowingRun(Protocol):
+    """What the requests read of the run they grow (RunLoop)."""
+
+    state: RunState
+    info: InputInfo | None
+    specs: list[BlockSpec]
+
+    def next_spec(self, step: GrowStep) -> BlockSpec: ...
 
 
 class GrowOrder:
@@ -42,3 +69,132 @@ def check_input_size(ask: GrowRequest, info: InputInfo, last: BlockSpec) -> None
             f"grow request: input_size {ask.input_size} does not match block {last.index}'s output "
             f"{tuple(shape)} = {features} features; drop input_size or use {features}"
         )
+
+
+class GrowRequests:
+    """The grow requests of one run: accepted from any thread (validated, counted against grow.max_blocks),
+    queued, placed and built (in a thread of their own when the engine trains meanwhile), then attached by the
+    loop between two batches or at an epoch boundary; each caller is answered once."""
+
+    def __init__(self, cfg: RunConfig, engine: Engine, run_name: str, say: Callable[[str], None]):
+        self.cfg, self.engine, self.run_name, self.say = cfg, engine, run_name, say
+        self.orders: queue.Queue[GrowOrder] = queue.Queue()
+        self.pending = 0  # accepted and not answered yet (queued or being placed)
+        self.prepared: GrowOrder | None = None  # placed while an epoch ran, waiting for the pause
+        self._placing: tuple[GrowOrder, threading.Thread] | None = None
+        self._placing_error: BaseException | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, request: dict[str, Any], run: GrowingRun) -> dict[str, Any]:
+        """A caller's request (blocks until its block is attached or refused): what was added, or
+        {'error': message}. A bad request never disturbs the run."""
+        try:
+            ask = parse_grow_request(request)
+            self.cfg.check_feature_group(ask.as_step(), "group")
+        except (ConfigError, ValueError) as e:
+            return {"error": str(e)}
+        with self._lock:
+            if run.state.terminal:
+                return {"error": f"run {self.run_name!r} has {run.state.name}; nothing to grow"}
+            if why := grow_refusal(self.run_name, len(run.specs), self.pending, self.cfg.max_blocks()):
+                return {"error": f"{why}; {MORE_BLOCKS_HINT}"}
+            if run.info is not None and run.specs:
+                try:  # fail fast; checked again against the block it really lands on
+                    check_input_size(ask, run.info, run.specs[-1])
+                except ShapeError as e:
+                    return {"error": str(e)}
+            order = GrowOrder(ask)
+            self.pending += 1
+            self.orders.put(order)
+        order.done.wait()
+        return order.answer if order.answer is not None else {"error": order.error}
+
+    def poll(self, run: GrowingRun) -> bool:
+        """Between batches: start placing a waiting request's block (in a thread when the engine can train
+        meanwhile, else here); True once one is ready to attach (the engine then pauses)."""
+        self.collect(wait=False)
+        if self.prepared is None and self._placing is None and not self.orders.empty():
+            order = self.orders.get()
+            if self.engine.places_while_training:
+                thread = threading.Thread(target=self._place, args=(order, run), name="growpipe-place", daemon=True)
+                self._placing = (order, thread)
+                thread.start()
+            elif self.prepare(order, run):
+                self.prepared = order
+        return self.prepared is not None
+
+    def take_prepared(self) -> GrowOrder | None:
+        """The request ready to attach (placed during an epoch), now the loop's to attach."""
+        order, self.prepared = self.prepared, None
+        return order
+
+    def _place(self, order: GrowOrder, run: GrowingRun) -> None:
+        try:
+            self.prepare(order, run)
+        except BaseException as e:  # a worker lost while placing: raised on the loop's thread
+            self._placing_error = e
+
+    def collect(self, wait: bool) -> None:
+        """Take a finished placement (with `wait`, the running one once it finishes): its block becomes the one
+        to attach, or its failure is raised here, on the loop's thread."""
+        if self._placing is None:
+            return
+        order, thread = self._placing
+        if wait:
+            thread.join()
+        if thread.is_alive():
+            return
+        self._placing = None
+        if self._placing_error is not None:
+            error, self._placing_error = self._placing_error, None
+            raise error
+        if order.prepared is not None:
+            self.prepared = order
+
+    def prepare(self, order: GrowOrder, run: GrowingRun) -> bool:
+        """Place and build a requested block; on a refusal answer the caller and leave the run as it is."""
+        assert run.info is not None
+        try:
+            check_input_size(order.ask, run.info, run.specs[-1])
+            order.prepared = self.engine.prepare_block(run.next_spec(order.ask.as_step()))
+        except (GrowpipeError, ValueError) as e:
+            self.answer(order, error=describe(e))
+            self.say(f"grow   request refused: {order.error}")
+            return False
+        except Exception as e:  # a worker lost while placing: refuse the request, the run decides on its own
+            self.answer(order, error=describe(e))
+            raise
+        return True
+
+    def attach(self, order: GrowOrder, depth: int, attach: Callable[[Prepared, GrowStep], dict[str, Any]]) -> bool:
+        """Attach a prepared request with `attach` unless grow.max_blocks was reached meanwhile; answer it."""
+        if why := grow_refusal(self.run_name, depth, 0, self.cfg.max_blocks()):
+            why = f"{why}; {MORE_BLOCKS_HINT}"
+            self.engine.discard_block(order.prepared)
+            self.answer(order, error=why)
+            self.say(f"grow   request refused: {why}")
+            return False
+        event = attach(order.prepared, order.ask.as_step())
+        self.answer(order, answer={**event, **order.prepared.extra})
+        return True
+
+    def answer(self, order: GrowOrder, answer: dict[str, Any] | None = None, error: str | None = None) -> None:
+        with self._lock:
+            self.pending -= 1
+        if answer is not None:
+            order.succeed(answer)
+        else:
+            order.fail(error or "refused")
+
+    def reject_all(self, why: str) -> None:
+        """Answer every request not attached yet with `why` (the run ends or was stopped)."""
+        with contextlib.suppress(Exception):  # the run ends either way; its failure is known already
+            self.collect(wait=True)
+        orders = [self.prepared] if self.prepared is not None else []
+        self.prepared = None
+        while not self.orders.empty():
+            orders.append(self.orders.get())
+        for order in orders:
+            if order.prepared is not None:
+                self.engine.discard_block(order.prepared)
+            self.answer(order, error=why)

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import nn
 
+from growpipe import faults
 from growpipe.config import OptimSpec, RuleSettings
 from growpipe.device import COMPUTE_DTYPES, compute_context
 from growpipe.errors import NonFiniteError
@@ -61,11 +62,6 @@ def seeded(seed: int) -> Iterator[None]:
         yield
 
 
-BUILD_HOOK: Callable[[int], None] | None = None
-"""Called with the index of every block built in this process: a stage actor's guard that it builds (and so
-holds) no block but its own (GROWPIPE_OWN_BLOCKS_ONLY, see growpipe.runtime.stage_base)."""
-
-
 class Block:
     """Base class: holds the encoder `f`, the rule's heads, and one optimizer per independent part.
 
@@ -75,8 +71,7 @@ class Block:
     exit_decodes = False
 
     def __init__(self, spec: BlockSpec, info: InputInfo, rule: RuleSettings):
-        if BUILD_HOOK is not None:
-            BUILD_HOOK(spec.index)
+        faults.check_own_block(spec.index)  # GROWPIPE_OWN_BLOCKS_ONLY: a stage builds only its own blocks
         self.spec = spec
         self.info = info
         self.seed = rule.seed

@@ -32,7 +32,7 @@ class InputInfo:
         coverage goes into the bundle's notes)."""
         vectors = None
         if net is not None and net.word_vectors and bundle.vocab:
-            from growpipe.nn.word_vectors import read_word_vectors
+            from growpipe.nn.word_vectors import read_word_vectors  # lazy: it imports the data package
 
             vectors, found = read_word_vectors(net.word_vectors, bundle.vocab, net.embed_dim)
             words = len(bundle.vocab) - 2

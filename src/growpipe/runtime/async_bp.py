@@ -29,11 +29,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from growpipe import envvars
+from growpipe import faults
 from growpipe.config import RunConfig
 from growpipe.errors import ConfigError, NonFiniteError, StageError
 from growpipe.nn.guard import STOP_HINT, clip_gradients, problem_after_backward
 from growpipe.nn.packet import Packet
+from growpipe.runtime.bp_checks import one_f_one_b_problem
 from growpipe.runtime.bp_stage import BPStage, busy
 
 
@@ -120,7 +121,7 @@ class AsyncBPStage(BPStage):
     @busy
     def backward(self, batch: int, grad: torch.Tensor | None) -> torch.Tensor | None:  # type: ignore[override]
         self.backwards += 1
-        envvars.die_here(self.index, self.backwards)
+        faults.maybe_die_at(self.index, self.backwards)  # GROWPIPE_DIE_AT
         block = self._require_block()
         saved = self.saved.pop(batch)
         self.stats.batches += 1
@@ -214,14 +215,6 @@ def submit_epoch(stages: list[Any], epoch: int, first: int, batches: int) -> lis
         if not progressed:
             raise StageError("1F1B schedule deadlocked (a bug in the order)")
     return [bwd[(0, first + m)] for m in range(batches)]
-
-
-def one_f_one_b_problem(cfg: RunConfig, batches: int) -> str | None:
-    """1F1B keeps K-1 micro-batches in flight: an epoch must have at least as many batches as stages."""
-    if batches < cfg.net.blocks:
-        return (f"data.batch_size: an epoch has {batches} batch(es) for {cfg.net.blocks} stages; 1F1B needs at "
-                "least one micro-batch per stage in flight: lower data.batch_size or use fewer blocks")  # fmt: skip
-    return None
 
 
 def check_1f1b(cfg: RunConfig, batches: int) -> None:

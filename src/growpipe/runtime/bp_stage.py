@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import torch
 import torch.nn.functional as F
 
-from growpipe import envvars
+from growpipe import faults
 from growpipe.config import RunConfig
 from growpipe.data.batches import Batch, BatchReader, epoch_batches
 from growpipe.errors import NonFiniteError, StageError
@@ -102,7 +102,7 @@ class BPStage(StageBase):
         """Backward of micro-batch `micro` (the last stage starts from the loss); returns d loss / d input
         (None below a frozen block: nothing there learns)."""
         self.backwards += 1
-        envvars.die_here(self.index, self.backwards)
+        faults.maybe_die_at(self.index, self.backwards)  # GROWPIPE_DIE_AT
         block = self._require_block()
         x_in, out, share = self.saved.pop(micro)
         if block.frozen:

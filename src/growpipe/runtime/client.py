@@ -11,6 +11,15 @@ import ray
 from growpipe.config import check_run_name
 from growpipe.errors import InputError, PipelineError
 from growpipe.runtime import NAMESPACE
+from growpipe.runtime.cluster_record import (
+    AUTH_MODE_VAR,
+    choose_cluster,
+    gcs_unreachable,
+    read_record,
+    use_token_auth,
+)
+from growpipe.runtime.pipeline import join_cluster
+from growpipe.workdir import JOB_RESULTS_DIR, absolute
 
 _chosen_by = "the cluster this process is connected to"
 """How the cluster asked was chosen (said when a run is not found there)."""
@@ -23,16 +32,6 @@ def connect_existing(address: str | None = None, run: str | None = None) -> str:
     line that says which cluster is asked."""
     global _chosen_by
     if not ray.is_initialized():
-        from growpipe.prepare import JOB_RESULTS_DIR, absolute
-        from growpipe.runtime.cluster_record import (
-            AUTH_MODE_VAR,
-            choose_cluster,
-            gcs_unreachable,
-            read_record,
-            use_token_auth,
-        )
-        from growpipe.runtime.pipeline import join_cluster
-
         workdirs = [Path(absolute("runs")), Path(JOB_RESULTS_DIR).expanduser() / "runs"]
         found = read_record(run, workdirs) if run and not address else None
         recorded = (found[0]["address"], found[1]) if found else None

@@ -100,6 +100,7 @@ def auth_problem(address: str) -> str | None:
     no token here: Ray's client would abort the process), "refused" (no token sent, or another cluster's), or
     None. Asked with one call that fails at once, unlike ray.init, which retries for about 25 s; the line Ray's
     C++ client prints for a refusal is kept out of the output."""
+    # lazy: ray; growpipe.prepare and the API import this module for local runs too
     from ray._raylet import GcsClient
     from ray.exceptions import AuthenticationError
 
@@ -119,7 +120,7 @@ def auth_problem(address: str) -> str | None:
 
 def has_token() -> bool:
     """Whether a Ray auth token is to be had here (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)."""
-    from ray._raylet import AuthenticationTokenLoader
+    from ray._raylet import AuthenticationTokenLoader  # lazy: as in auth_problem
 
     return bool(AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True))
 
@@ -127,7 +128,7 @@ def has_token() -> bool:
 def use_token_auth() -> None:
     """Send Ray's auth token from here on (RAY_AUTH_MODE=token, for this process and its children): what a run
     recorded when it started on a cluster that uses token authentication."""
-    from ray._raylet import Config
+    from ray._raylet import Config  # lazy: as in auth_problem
 
     os.environ[AUTH_MODE_VAR] = "token"
     Config.initialize("")  # Ray caches the mode read at import; re-read it (as Ray's own ray.init does)

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from growpipe import envvars
 from growpipe.config import RunConfig
@@ -17,7 +18,10 @@ from growpipe.loop.engine import Engine
 from growpipe.loop.loop import RunLoop
 from growpipe.prepare import checkpoint_store, run_callbacks
 from growpipe.runtime import NAMESPACE
+from growpipe.runtime.ddp import DDPEngine
 from growpipe.runtime.events import RunEvents
+from growpipe.runtime.gpipe import BPPipelineEngine
+from growpipe.runtime.pipeline_engine import PipelineEngine
 
 POSITION_EVERY_S = 0.5  # how often a progress bar's position is pushed while an epoch runs
 
@@ -25,15 +29,9 @@ POSITION_EVERY_S = 0.5  # how often a progress bar's position is pushed while an
 def make_engine(cfg: RunConfig, run_name: str, reserved: tuple[Any, int] | None, say: Any) -> Engine:
     """The Ray engine the config names (RunConfig.engine)."""
     if cfg.engine() == "pipeline":
-        from growpipe.runtime.pipeline_engine import PipelineEngine
-
         return PipelineEngine(cfg, run_name, reserved, say)
     if cfg.engine() == "ddp":
-        from growpipe.runtime.ddp import DDPEngine
-
         return DDPEngine(cfg, run_name, reserved, say)
-    from growpipe.runtime.gpipe import BPPipelineEngine
-
     return BPPipelineEngine(cfg, run_name, reserved, say)
 
 
@@ -107,8 +105,6 @@ def launch_controller(cfg: RunConfig, run_name: str, reserved: tuple[Any, int] |
                       resume: str | None = None) -> Any:  # fmt: skip
     """Start a run's controller actor: named (found by run name in the growpipe namespace), threaded, no CPU,
     on the head node (else the driver's), so that losing a worker node never takes the run's loop with it."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
     heads = [n["NodeID"] for n in ray.nodes() if n["Alive"] and "node:__internal_head__" in n["Resources"]]
     node = heads[0] if heads else ray.get_runtime_context().get_node_id()
     here = NodeAffinitySchedulingStrategy(node_id=node, soft=not heads)  # it needs no CPU: the head always fits

@@ -13,6 +13,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import ray
+
 from growpipe.checkpoint import CheckpointStore, copy_shards, load_states
 from growpipe.config import RunConfig
 from growpipe.errors import PipelineError
@@ -21,6 +23,7 @@ from growpipe.loop.stats import StageStats
 from growpipe.loop.topology import Layout
 from growpipe.nn.net import GrowableNet
 from growpipe.nn.specs import BlockSpec, InputInfo
+from growpipe.runtime.ddp_worker import worker_loop
 from growpipe.runtime.mailbox import Mailbox, TrainerEnded
 
 
@@ -47,12 +50,9 @@ class DDPEngine(WithoutBundles):
     # ---- the trainer ----------------------------------------------------------------------------------
     def _start(self) -> None:
         """A new trainer: its workers load the data and wait for orders."""
-        import ray
         from ray.train import CheckpointConfig, FailureConfig, ScalingConfig
         from ray.train import RunConfig as TrainRunConfig
         from ray.train.torch import TorchTrainer
-
-        from growpipe.runtime.ddp_worker import worker_loop
 
         self._end()
         self.trainers += 1

@@ -15,16 +15,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from growpipe import envvars
+from growpipe import faults
 from growpipe.checkpoint import block_file, encode_shard, load_states
 from growpipe.config import RunConfig, build_config
+from growpipe.data import load_data
+from growpipe.data.batches import epoch_batches
 from growpipe.errors import GrowpipeError, NonFiniteError
+from growpipe.evaluation import evaluate_net, measure_early_exit
 from growpipe.nn.guard import SKIPPED, guarded_update
+from growpipe.nn.methods import build_block
 from growpipe.nn.net import GrowableNet
 from growpipe.nn.specs import BlockSpec, InputInfo
+from growpipe.runtime import NAMESPACE
+from growpipe.runtime.stage_base import cpu_copy
 
 REPORT = "report.json"
 
@@ -51,8 +58,6 @@ class Replica:
     """One worker's copy of the net and its data."""
 
     def __init__(self, cfg: RunConfig, rank: int, world: int):
-        from growpipe.data import load_data
-
         self.cfg, self.rank, self.world = cfg, rank, world
         torch.set_num_threads(max(1, int(cfg.runtime.cpus_per_stage)))
         self.bundle = load_data(cfg.data, cfg.seed)
@@ -65,8 +70,6 @@ class Replica:
         """Build the blocks of `topology` (seeded: equal on every worker), load what `start` holds of them,
         freeze the first `frozen`, and wrap them for DDP."""
         import ray.train.torch
-
-        from growpipe.nn.methods import build_block
 
         self.blocks = [build_block(self.cfg.rule(), BlockSpec.from_dict(d), self.info) for d in topology]
         if start:
@@ -84,8 +87,6 @@ class Replica:
 
     def train(self, epoch: int, start: int, stop_at: int | None) -> dict[str, Any]:
         """Train this worker's shard of each global mini-batch of `epoch` from batch `start` (before `stop_at`)."""
-        from growpipe.data.batches import epoch_batches
-
         device = next(self.model.parameters()).device
         split, bs = self.bundle.train, self.cfg.data.batch_size
         self.model.train()
@@ -102,7 +103,7 @@ class Replica:
                 paused_at = batch.index
                 break
             self.steps += 1
-            envvars.die_here(self.rank, self.steps)
+            faults.maybe_die_at(self.rank, self.steps)  # GROWPIPE_DIE_AT
             p = batch.parts[0]  # this worker's shard of the global mini-batch
             with last.computing():
                 loss = F.cross_entropy(self.model(p.x.to(device), None, {}), p.y.to(device))
@@ -131,8 +132,6 @@ class Replica:
 
     def write(self, directory: str, report: dict[str, Any]) -> None:
         """Every block's state as growpipe shards, and `report` (with the shards' entries) as report.json."""
-        from growpipe.runtime.stage_base import cpu_copy
-
         shards = []
         for b in self.blocks:
             data, entry = encode_shard({b.index: cpu_copy(b.state_dict())}, block_file(b.index))
@@ -144,8 +143,6 @@ class Replica:
 
 def _run(replica: Replica, order: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     """Run one order; (what rank 0 reports, whether the weights changed)."""
-    from growpipe.evaluation import evaluate_net, measure_early_exit
-
     op = order["op"]
     if op == "describe":
         return replica.describe(), False
@@ -172,11 +169,7 @@ def worker_loop(config: dict[str, Any]) -> None:
     group that is not at that version (it just started: a new trainer, or Ray Train replaced a lost worker)
     builds the net and loads that checkpoint first, so an order that was in flight when a worker died runs
     again from where it started."""
-    import ray
     import ray.train
-    import torch.distributed as dist
-
-    from growpipe.runtime import NAMESPACE
 
     ctx = ray.train.get_context()
     rank = ctx.get_world_rank()

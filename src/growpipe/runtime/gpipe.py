@@ -22,7 +22,8 @@ from growpipe.errors import ConfigError
 from growpipe.loop.engine import EpochPart, Poll, Prepared
 from growpipe.loop.topology import Layout
 from growpipe.nn.specs import BlockSpec
-from growpipe.runtime.async_bp import AsyncBPStage, check_1f1b, one_f_one_b_problem, submit_epoch
+from growpipe.runtime.async_bp import AsyncBPStage, check_1f1b, submit_epoch
+from growpipe.runtime.bp_checks import bp_problems
 from growpipe.runtime.bp_stage import BPStage
 from growpipe.runtime.names import stage_actor_name
 from growpipe.runtime.stage_engine import StageEngine
@@ -37,17 +38,6 @@ def schedule_name(cfg: RunConfig) -> str:
     if cfg.engine() == "ddp":
         return "data-parallel (Ray Train DDP)"
     return "1F1B + SpecTrain" if cfg.bp_pipeline.spectrain else "1F1B + weight stashing"
-
-
-def bp_problems(cfg: RunConfig) -> list[str]:
-    """What BP on Ray needs of a config and it lacks, one line each (checked with everything else before Ray
-    starts, see growpipe.prepare.check_run)."""
-    if cfg.method != "bp":
-        return [f"method: pipelined BP trains method bp end to end; got {cfg.method!r}"]
-    if cfg.engine() == "1f1b" and cfg.data.limit_train:  # at most this many batches
-        why = one_f_one_b_problem(cfg, math.ceil(cfg.data.limit_train / cfg.data.batch_size))
-        return [why] if why else []
-    return []
 
 
 def check_bp(cfg: RunConfig) -> None:

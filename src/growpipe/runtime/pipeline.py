@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -15,6 +17,7 @@ import ray
 from growpipe import signals
 from growpipe.config import RunConfig
 from growpipe.errors import InputError, PipelineError
+from growpipe.nn.net import GrowableNet
 from growpipe.prepare import logical_cpus_needed, resolve_paths
 from growpipe.progress import EpochBar
 from growpipe.quiet import quiet_libraries, quiet_ray_job_actors
@@ -68,9 +71,6 @@ def _starting_ray() -> Any:
     """Around ray.init: it puts its own SIGTERM handler in place (sys.exit); put back the one the command
     installed (see growpipe.signals), and turn a signal that arrives meanwhile into a stop that releases
     whatever Ray had started."""
-    import signal
-    import threading
-
     handler = signal.getsignal(signal.SIGTERM)
     try:
         with signals.watching():
@@ -245,8 +245,6 @@ class Pipeline:
 
     def final_net(self) -> Any:
         """The trained net rebuilt in this process from the stages' final states (after train())."""
-        from growpipe.nn.net import GrowableNet
-
         final = ray.get(self.controller.final_state.remote(), timeout=60)
         if final is None:
             raise PipelineError("the run has not finished, or ran with keep_net=False; call train() first")

@@ -78,7 +78,7 @@ def _ask_autoscaler(bundles: list[dict[str, float]]) -> None:
     """request_resources: an autoscaler starts nodes for `bundles` (empty: withdraw the request); a cluster
     without one ignores it."""
     try:
-        from ray.autoscaler.sdk import request_resources
+        from ray.autoscaler.sdk import request_resources  # lazy: about 0.1 s, only when nodes are asked for
 
         request_resources(bundles=bundles)
     except Exception:  # no autoscaler state (a plain local Ray): nothing to ask

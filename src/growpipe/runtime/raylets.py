@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import ray
+from ray.cluster_utils import Cluster
 
 from growpipe.runtime import NAMESPACE
 
@@ -16,8 +17,6 @@ from growpipe.runtime import NAMESPACE
 def raylet_cluster(workers: int = 2, worker_cpus: int = 1) -> Iterator[Any]:
     """A head with 0 CPUs and `workers` raylets of `worker_cpus` CPUs, this process connected to it; shut down
     on exit (never `ray stop`: that would kill every Ray on the machine)."""
-    from ray.cluster_utils import Cluster
-
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
     try:
         for _ in range(workers):

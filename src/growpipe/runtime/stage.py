@@ -12,7 +12,6 @@ Stage is a plain class (testable without Ray); the controller applies `ray.remot
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
 from collections import deque
@@ -20,7 +19,7 @@ from typing import Any
 
 import ray
 
-from growpipe import envvars
+from growpipe import faults
 from growpipe.config import RunConfig
 from growpipe.data import iterate_batches
 from growpipe.errors import NonFiniteError, StageError, StageLostError
@@ -60,10 +59,7 @@ class Stage(StageBase, DirectEndpoint):
         self._position = (0, 0)  # (batches done, batches in the epoch) of the running run_epoch
         self.cache: PrefixCache | None = None
         self._sending_cache = False  # what goes downstream now is a cache pass, not training
-        self.delay_s = envvars.step_delay_s()
-        self.hold = envvars.hold_at()
-        fault = envvars.fault_at()
-        self.fault_step = fault[1] if fault and fault[0] == index else None
+        faults.check_stage_values()  # a malformed fault variable fails the stage here, at its start
 
     # ---- control ------------------------------------------------------------------------------------
 
@@ -123,8 +119,7 @@ class Stage(StageBase, DirectEndpoint):
             self.stats.wait_input_s += time.perf_counter() - t0
             if p is None:
                 break
-            if self.hold is not None and self.hold[:2] == (epoch, p.index):
-                self._wait_at_gate(self.hold[2])
+            faults.hold_before(epoch, p.index, self._pause)  # GROWPIPE_HOLD_AT
             if self._pause.is_set() or (stop_at is not None and p.index >= stop_at):
                 paused_at = p.index
                 break
@@ -132,11 +127,6 @@ class Stage(StageBase, DirectEndpoint):
             self._position = (p.index + 1, self._position[1])
         self._pause.clear()
         return self.flush(), paused_at
-
-    def _wait_at_gate(self, gate: str) -> None:
-        """GROWPIPE_HOLD_AT: wait here until a pause is asked for or the gate file exists."""
-        while not self._pause.is_set() and not os.path.exists(gate):
-            self._pause.wait(0.05)
 
     @ray.method(concurrency_group="control")
     def position(self) -> tuple[int, int]:
@@ -192,16 +182,14 @@ class Stage(StageBase, DirectEndpoint):
         t0 = time.time()
         current = block  # the block training now (its own, or one packed after it)
         try:
-            if self.packets_seen == self.fault_step:
-                raise RuntimeError(f"injected failure ({envvars.GROWPIPE_FAULT_AT})")
+            faults.maybe_crash(self.index, self.packets_seen)  # GROWPIPE_FAULT_AT
             out, metrics = block.train_step(p)
             metrics = {f"b{block.index}.{k}": v for k, v in metrics.items()}
             for extra in self.packed:  # blocks packed into this actor train on its output, in order
                 current = extra
                 out, more = extra.train_step(out)
                 metrics.update({f"b{extra.index}.{k}": v for k, v in more.items()})
-            if self.delay_s:
-                time.sleep(self.delay_s)
+            faults.step_delay()  # GROWPIPE_STEP_DELAY_MS
         except NonFiniteError as e:  # the block knew the batch, the loop adds the epoch
             raise e.located(where=f"stage {self.index} (block {current.index}, {type(current).__name__})") from None
         except Exception as e:  # any failure of the block, reported with the stage that hit it

@@ -6,16 +6,17 @@ from __future__ import annotations
 import copy
 import importlib
 import math
-import os
+import resource
 from dataclasses import replace
 from typing import Any
 
+import ray
 import torch
 
-from growpipe import envvars
+from growpipe import faults
 from growpipe.checkpoint import CheckpointStore, block_file
 from growpipe.config import RunConfig
-from growpipe.data import DataBundle, load_data
+from growpipe.data import DataBundle, batch_at, load_data
 from growpipe.device import resolve_device, set_cpu_threads
 from growpipe.errors import DataNotFoundError, StageError
 from growpipe.nn.block import Block
@@ -50,11 +51,7 @@ class StageBase:
         self.bundle: DataBundle | None = None
         self.word_vectors: torch.Tensor | None = None  # stage 0: net.word_vectors for the embedding block
         self.below: list[Any] = []  # decoders of the blocks under this stage's first (AL exits read through them)
-        self._building: int | None = None
-        if envvars.own_blocks_only():
-            import growpipe.nn.block
-
-            growpipe.nn.block.BUILD_HOOK = self._only_own
+        faults.guard_own_blocks(index)  # GROWPIPE_OWN_BLOCKS_ONLY: no block but its own is built in this actor
         self._eval: dict[Any, dict[int, torch.Tensor]] = {}  # an evaluation pass: per exit, per batch, probs
         self._early: EarlyExit | None = None
         self._eval_sent = 0  # bytes of the activations an evaluation pass handed on
@@ -66,8 +63,6 @@ class StageBase:
             self.bundle = load_data(self.cfg.data, self.cfg.seed)
             info = InputInfo.from_bundle(self.bundle, self.cfg.net)
         except DataNotFoundError as e:  # stage 0 may run on another node than the driver: say where it looked
-            import ray
-
             node = ray.util.get_node_ip_address()
             raise DataNotFoundError(f"{e} (read by stage 0 on node {node}: a local path must exist there; shared "
                             "storage or a file:// / s3:// / gs:// URI reaches every node)") from None  # fmt: skip
@@ -89,17 +84,8 @@ class StageBase:
         """The block `spec` describes (the same seed as the reference trainer), on this stage's device."""
         if self.word_vectors is not None:
             info = replace(info, word_vectors=self.word_vectors)
-        self._building = spec.index
-        try:
+        with faults.building(spec.index):
             return build_block(self.cfg.rule(), spec, info).to(self.device)
-        finally:
-            self._building = None
-
-    def _only_own(self, index: int) -> None:
-        """GROWPIPE_OWN_BLOCKS_ONLY: a block built here must be one this stage was given."""
-        if index != self._building:
-            raise StageError(f"stage {self.index} built block {index}, which it does not hold "
-                             f"({envvars.GROWPIPE_OWN_BLOCKS_ONLY}: no actor may gather another block)")  # fmt: skip
 
     def _blocks(self) -> list[Block]:
         return [self._require_block(), *self.packed]
@@ -160,8 +146,6 @@ class StageBase:
                     last: int = 0) -> Packet | None:  # fmt: skip
         """Stage 0: read evaluation batch `b` of `split` (in order, not shuffled) and run it through this
         stage's blocks (see eval_packet)."""
-        from growpipe.data import batch_at
-
         p = batch_at(self._split(split), EVAL_BATCH, b, side_groups)
         self._eval.setdefault("labels", {})[b] = p.y.cpu()
         return self.eval_packet(p, threshold, last)
@@ -175,9 +159,7 @@ class StageBase:
         all at the net's last exit, depth `last`) leave and are kept here, only the others go on."""
         if p is None:
             return None
-        if (die := envvars.die_in_eval()) and die[0] == self.index and not os.path.exists(die[1]):
-            open(die[1], "w").close()
-            os._exit(1)  # a stage lost during the evaluation (tests)
+        faults.maybe_die_in_eval(self.index)
         p, rows = p.to(self.device), p.rows
         if threshold != ALL_EXITS:
             if self._early is None:
@@ -231,8 +213,6 @@ def peak_rss_mb() -> float:
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
-    import resource
-
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 

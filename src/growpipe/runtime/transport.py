@@ -17,10 +17,12 @@ from typing import Any
 
 import ray
 import torch
+import torch.distributed as dist
 
 from growpipe.config import RunConfig
 from growpipe.errors import ConfigError
 from growpipe.nn.packet import Packet
+from growpipe.runtime.placement import stage_bundle
 
 OBJECT_STORE = "object_store"
 DIRECT = ("gloo", "nccl")
@@ -75,8 +77,6 @@ def stage_backend(cfg: RunConfig, gpus_per_stage: float) -> str:
 
 def run_backend(cfg: RunConfig) -> str:
     """The backend of a run on the Ray cluster this process is connected to."""
-    from growpipe.runtime.placement import stage_bundle
-
     return stage_backend(cfg, stage_bundle(cfg, ray.cluster_resources().get("GPU", 0) > 0).get("GPU", 0.0))
 
 
@@ -143,8 +143,6 @@ class DirectEndpoint:
         _know_only_group([], "", "")
         # Ray's gloo group runs on torch.distributed's default group, made once per process with the first
         # group's size and not destroyed with it; a group over more actors needs it gone.
-        import torch.distributed as dist
-
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
 
@@ -181,6 +179,7 @@ def _know_only_group(actors: list[Any], name: str, backend: str) -> None:
     Ray looks up the group of a transfer in the process that owns the ref, here the sending stage, but only
     records a group in the process that created it (the engine); so each stage records it too, through Ray's
     registry (ray.experimental.collective has no public call for this in Ray 2.60)."""
+    # lazy: ray's collectives (about 0.1 s) serve only pipeline.transport gloo and nccl
     from ray.experimental.collective.collective import RemoteCommunicatorManager
     from ray.experimental.collective.communicator import CommunicatorHandle
 
@@ -207,7 +206,7 @@ class TransportGroup:
         self.drop()
         if self.backend not in DIRECT or len(actors) < 2:
             return
-        from ray.experimental.collective import create_collective_group
+        from ray.experimental.collective import create_collective_group  # lazy: as in _know_only_group
 
         group = create_collective_group(actors, backend=self.backend)
         self.name, self.members = group.name, list(actors)
@@ -219,7 +218,7 @@ class TransportGroup:
         """Destroy the group and have its live members leave it (dead ones are skipped)."""
         if self.name is None:
             return
-        from ray.experimental.collective import destroy_collective_group
+        from ray.experimental.collective import destroy_collective_group  # lazy: as in _know_only_group
 
         name, members, self.name, self.members = self.name, self.members, None, []
         with contextlib.suppress(ValueError, ray.exceptions.RayError):  # members already dead: nothing to undo

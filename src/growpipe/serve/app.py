@@ -22,13 +22,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 from ray import serve
+from starlette.responses import JSONResponse
 
 from growpipe.errors import GrowpipeError, InputError
+from growpipe.nn.inference import Exited
 from growpipe.nn.packet import Packet
 from growpipe.quiet import quiet_libraries
+from growpipe.serve.groups import BlockGroupNet
 from growpipe.serve.predictor import Predictor
 from growpipe.serve.request import PredictRequest, parse_body, parse_request
+from growpipe.serve.source import model_files
+from growpipe.serving import quiet_mlflow
 
 log = logging.getLogger("ray.serve")
 INGRESS = "NetServer"
@@ -41,9 +47,6 @@ def checkpoint_of(user_config: dict[str, Any]) -> str | Path:
     if user_config.get("kind") != "model":
         return source
     from mlflow.artifacts import download_artifacts
-
-    from growpipe.serve.source import model_files
-    from growpipe.serving import quiet_mlflow
 
     tracking = user_config.get("tracking_uri")
     with quiet_mlflow():  # no download bar in the replica's output
@@ -77,8 +80,6 @@ class BlockGroup:
         self._net(user_config)
 
     def _net(self, user_config: dict[str, Any]) -> Any:
-        from growpipe.serve.groups import BlockGroupNet
-
         source = user_config["source"]
         if source not in self.nets:
             net = BlockGroupNet.load(checkpoint_of(user_config), self.groups, self.index)
@@ -87,8 +88,6 @@ class BlockGroup:
 
     async def run(self, user_config: dict[str, Any], p: Any, threshold: float | None, kind: str) -> Any:
         """Early exit of the rows of packet `p` from this group on: every row's answer, ordered by row."""
-        from growpipe.nn.inference import Exited
-
         exited, rest = self._net(user_config).run(p, threshold, kind)
         if rest is None or self.next is None:
             return exited
@@ -143,8 +142,6 @@ class NetServer:
         return await self._answer(item)
 
     async def __call__(self, http: Any) -> Any:
-        from starlette.responses import JSONResponse
-
         path = http.url.path.rstrip("/").rpartition("/")[2]
         if http.method == "GET" and path in ("version", ""):
             return JSONResponse(self.status())
@@ -164,8 +161,6 @@ class NetServer:
 
     async def _compute(self, items: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
         """Answers for requests: those with the same net and options run as one early-exit pass."""
-        import torch
-
         out: list[dict[str, Any]] = [{}] * len(items)
         groups: dict[tuple[int, float, str], list[int]] = {}
         for i, (_, predictor, _, _, threshold, kind) in enumerate(items):

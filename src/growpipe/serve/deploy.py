@@ -8,6 +8,7 @@ lightweight update: Serve calls `reconfigure` on the running replicas, a few at 
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from growpipe.checkpoint import CLAIM_TTL_S, CheckpointStore
-from growpipe.errors import ConfigError, PipelineError
+from growpipe.errors import CheckpointError, ConfigError, PipelineError
 from growpipe.serve.app import INGRESS, group_name
 from growpipe.serve.follow import next_checkpoint
 from growpipe.serve.source import Source
@@ -141,8 +142,6 @@ def serve_config(source: Source, options: ServeOptions) -> dict[str, Any]:
 def deploy(config: dict[str, Any]) -> None:
     """Apply a Serve config on the connected Ray cluster (what `serve run CONFIG` does: start Serve with its
     HTTP options, then hand the applications to the Serve controller)."""
-    import logging
-
     from ray.serve._private.api import serve_start
     from ray.serve.schema import ServeDeploySchema
 
@@ -187,8 +186,6 @@ def follow(source: Source, options: ServeOptions, say: Callable[[str], None] = p
     else claims of its own), checked (every shard's hash) and deployed as the new user_config; one the run
     pruned before it was held, a damaged one, or one the replicas refuse is skipped with a line, the served
     version stays. The served version stays held until the next one is served."""
-    from growpipe.errors import CheckpointError
-
     store = source.run_store
     assert store is not None
     mine = claims is None

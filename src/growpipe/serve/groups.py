@@ -12,8 +12,12 @@ from typing import Any
 
 import torch
 
+from growpipe.checkpoint import open_checkpoint
+from growpipe.config import build_config
 from growpipe.nn.inference import EarlyExit, Exited, early_exit_through
+from growpipe.nn.methods import build_block
 from growpipe.nn.packet import Packet
+from growpipe.nn.specs import BlockSpec, InputInfo
 from growpipe.serve.predictor import NetVersion
 
 
@@ -38,11 +42,6 @@ class BlockGroupNet:
     @classmethod
     def load(cls, checkpoint: str | Path, groups: int, index: int, device: torch.device | str = "cpu") -> BlockGroupNet:
         """Load group `index` of `groups` of the net in checkpoint directory `checkpoint` (hash-checked)."""
-        from growpipe.checkpoint import open_checkpoint
-        from growpipe.config import build_config
-        from growpipe.nn.methods import build_block
-        from growpipe.nn.specs import BlockSpec, InputInfo
-
         store, target, manifest = open_checkpoint(checkpoint)
         cfg = build_config(manifest["config"], f"{target}/manifest.json")
         info, topology, rule = InputInfo.from_dict(manifest["input"]), manifest["topology"], cfg.rule()

@@ -17,9 +17,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from growpipe.checkpoint import load_net, open_checkpoint
+from growpipe.data.moments import standardise
 from growpipe.errors import InputError
+from growpipe.nn.backbones import FEATURE_FAMILIES
 from growpipe.nn.inference import Exited
 from growpipe.nn.packet import Packet
+from growpipe.nn.specs import InputInfo
 
 BATCH = 512
 """Rows per forward pass: a large request is computed in slices of this many."""
@@ -65,8 +69,6 @@ class Predictor:
     @classmethod
     def load(cls, checkpoint: str | Path, device: torch.device | str = "cpu") -> Predictor:
         """Load any checkpoint directory (a run folder: its newest complete checkpoint), hash-checked."""
-        from growpipe.checkpoint import load_net, open_checkpoint
-
         _, target, _ = open_checkpoint(checkpoint)
         net, manifest, _ = load_net(target, device)
         return cls(net.info, net.side_groups(), NetVersion.of(target, manifest), net)
@@ -74,10 +76,6 @@ class Predictor:
     @classmethod
     def front(cls, checkpoint: str | Path) -> Predictor:
         """The inputs and version of a checkpoint's net, from its manifest alone (no block is loaded)."""
-        from growpipe.checkpoint import open_checkpoint
-        from growpipe.nn.backbones import FEATURE_FAMILIES
-        from growpipe.nn.specs import InputInfo
-
         _, target, manifest = open_checkpoint(checkpoint)
         encoders = [d["encoder"] for d in manifest["topology"]]
         groups = tuple(e["params"]["group"] for e in encoders if e["family"] in FEATURE_FAMILIES)
@@ -136,8 +134,6 @@ class Predictor:
 
     def standardised(self, x: torch.Tensor) -> torch.Tensor:
         """Inputs standardised with the training split's statistics (data.normalize), as the net saw them."""
-        from growpipe.data.moments import standardise
-
         return standardise(x, self.info.normalize, 1) if self.info.normalize else x
 
 

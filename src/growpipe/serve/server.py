@@ -4,12 +4,18 @@ serve until stopped, following the run when asked."""
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+import ray
+from ray import serve
+
+from growpipe.config import build_config
 from growpipe.errors import InputError
+from growpipe.runtime.pipeline import connect
 from growpipe.serve.deploy import (
     APP,
     Claims,
@@ -53,11 +59,6 @@ def run(source: Source, options: ServeOptions, *, follow_run: bool, address: str
         say: Callable[[str], None] = print, stop: Callable[[], bool] = lambda: False) -> int:  # fmt: skip
     """Serve until `stop()` (or a signal): the command's body. Everything the user gave is checked before Ray
     starts (the source by `resolve`, the options and the port here)."""
-    import os
-
-    from growpipe.config import build_config
-    from growpipe.runtime.pipeline import connect
-
     options.check()
     joining = bool(address or os.environ.get("RAY_ADDRESS"))
     if not joining and (problem := port_problem(options.host, options.port)):  # on a cluster: the head's port
@@ -78,9 +79,6 @@ def run(source: Source, options: ServeOptions, *, follow_run: bool, address: str
                 time.sleep(0.5)
         return 0
     finally:
-        import ray
-        from ray import serve
-
         if claims is not None:
             claims.close()
 

@@ -4,6 +4,7 @@ resolves to nothing is one line (exit 2)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,8 +57,6 @@ def resolve(run: str | None, checkpoint: str | None, model: str | None, checkpoi
         if not db.is_file():  # MLflow would create an empty store there
             raise ConfigError(f"--tracking-uri: no MLflow store at {db}; give the store the run logged to")
     try:
-        import logging
-
         from mlflow.artifacts import download_artifacts
 
         logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)  # its table checks are not news

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from growpipe.evaluation import load_for_evaluation, split_predictions
 from growpipe.fsutil import atomic_write_bytes
 from growpipe.nn.inference import ExitPredictions, evaluate_exits
 
@@ -40,16 +42,12 @@ class StoredExits:
 
 def compute_exits(checkpoint: str | Path, split: str) -> StoredExits:
     """Run a checkpoint's net once over `split` (val or test) and keep every exit's probabilities."""
-    from growpipe.evaluation import load_for_evaluation, split_predictions
-
     net, bundle, _ = load_for_evaluation(checkpoint)
     return StoredExits(split_predictions(net, bundle, split), net.exit_costs(), split)
 
 
 def save_exits(path: str | Path, stored: StoredExits) -> Path:
     """Write the predictions as one .npz (atomically)."""
-    import io
-
     arrays: dict[str, Any] = {
         "depths": np.array(stored.preds.depths),
         "labels": stored.preds.labels.numpy(),

@@ -26,6 +26,7 @@ from growpipe.config import (
 )
 from growpipe.envvars import extra_overrides, sweep_overrides
 from growpipe.errors import ConfigError
+from growpipe.workdir import absolute
 
 THRESHOLD_KEYS = ("threshold", "eval.confidence")
 """What a `kind: thresholds` sweep may search: the exit threshold and the confidence measure."""
@@ -205,8 +206,6 @@ class SweepSpec(_Strict):
         return self.metric or ("score" if self.kind == "thresholds" else "test_accuracy")
 
     def out_dir(self) -> Path:
-        from growpipe.prepare import absolute
-
         return Path(absolute(self.output or f"runs/sweeps/{self.name}"))
 
 

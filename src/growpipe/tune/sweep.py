@@ -11,20 +11,27 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import ray
 
+from growpipe.api import train
+from growpipe.checkpoint import open_checkpoint, save_net
 from growpipe.config import RunConfig, build_config, dump_config
 from growpipe.errors import ConfigError, GrowpipeError
 from growpipe.fsutil import atomic_write_text
+from growpipe.prepare import logical_cpus_needed, resolve_paths, run_problems
+from growpipe.runtime.pipeline import connect
+from growpipe.runtime.placement import stage_bundle
 from growpipe.serving import environment
 from growpipe.tracking import STOPPED_EARLY, default_tracking_uri, experiment_id, flatten, run_url
 from growpipe.tune.predictions import StoredExits, compute_exits, save_exits
 from growpipe.tune.spec import SweepSpec, base_raw, check_search_space, trial_config
-from growpipe.tune.trials import trial_run_name
+from growpipe.tune.trials import threshold_trial, train_trial, trial_run_name
+from growpipe.workdir import storage_note
 
 QUIET_TUNE = {
     "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1",  # the result loggers are growpipe's choice: see _callbacks
@@ -39,8 +46,6 @@ THRESHOLD_METRICS = ("score", "accuracy", "macs_saved", "mean_depth", "macs_per_
 
 def trial_bundles(spec: SweepSpec, cfg: RunConfig, cluster_has_gpus: bool) -> list[dict[str, float]]:
     """The placement group of one trial: its driver's bundle, then one per block it may grow to."""
-    from growpipe.runtime.placement import stage_bundle
-
     head = {"CPU": spec.resources.trial_cpus}
     if spec.kind == "thresholds":
         return [head]
@@ -125,8 +130,6 @@ def prepare(spec: SweepSpec, address: str | None = None,
     what the preparation step of a run checks of the base config (where results go, the tracking URI, the
     data, BP's needs; see growpipe.prepare.run_problems; `address`: the cluster, None for an embedded Ray);
     ConfigError listing every problem found."""
-    from growpipe.prepare import resolve_paths, run_problems
-
     base = base_raw(spec)
     cfgs, problems = check_search_space(spec, base)
     if why := metric_problem(spec, cfgs):
@@ -197,7 +200,7 @@ class SweepRecord:
         process was killed, e.g. with an interrupted sweep)."""
         if self.run_id is None:
             return
-        from growpipe.tune.ends import end_trial_run, trial_runs
+        from growpipe.tune.ends import end_trial_run, trial_runs  # lazy: it imports ray.tune (about 2 s)
 
         try:
             for run in trial_runs(self.client, self.experiment_id, self.run_id):
@@ -252,7 +255,7 @@ def _callbacks(spec: SweepSpec, base: dict[str, Any], record: SweepRecord) -> li
     Tune would print though this environment has no tensorboard) and the trials' MLflow ends."""
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
-    from growpipe.tune.ends import TrialEnds
+    from growpipe.tune.ends import TrialEnds  # lazy: as in close_children
 
     ends = [TrialEnds(tracking, base, spec.kind)] if (tracking := record.child_tracking(spec)) else []
     return [CSVLoggerCallback(), JsonLoggerCallback(), *ends]
@@ -270,9 +273,6 @@ def _source_exits(
                 f"source.checkpoint: {ck} is not a checkpoint; train one (growpipe train --save {ck}) "
                 "or set source.train_if_missing: true"
             )
-        from growpipe.api import train
-        from growpipe.checkpoint import save_net
-
         cfg = build_config(base, "the source net's config")
         say(f"source {ck} is missing: training {cfg.method} on {cfg.data.name} first")
         run = train(cfg, "ray", address, say, keep_net=True)
@@ -293,9 +293,6 @@ def run_sweep(spec: SweepSpec, address: str | None = None, say: Callable[[str], 
     KILLED, says how to resume, and raises KeyboardInterrupt."""
     from ray import tune
 
-    from growpipe.prepare import resolve_paths, storage_note
-    from growpipe.runtime.pipeline import connect
-
     addr = address or os.environ.get("RAY_ADDRESS")
     base, cfgs = prepare(spec, addr, say)
     if note := storage_note():
@@ -305,8 +302,6 @@ def run_sweep(spec: SweepSpec, address: str | None = None, say: Callable[[str], 
     out = spec.out_dir()
     owns = False
     if not ray.is_initialized():
-        from growpipe.prepare import logical_cpus_needed
-
         need = _total(trial_bundles(spec, max(cfgs, key=lambda c: c.max_blocks()), False))["CPU"]
         if spec.kind == "thresholds":  # room to train the source net when it is missing
             need = max(need, logical_cpus_needed(base_cfg))
@@ -410,8 +405,6 @@ class SweepState:
 
     def clear(self) -> None:
         """A fresh start: the old experiment's trials go (Tune would otherwise mix them in)."""
-        import shutil
-
         for sub in ("trials", "trial-runs"):
             shutil.rmtree(self.path.parent / sub, ignore_errors=True)
         self.path.unlink(missing_ok=True)
@@ -436,14 +429,10 @@ def _interrupted(record: SweepRecord, state: SweepState, spec: SweepSpec, say: C
 
 
 def growpipe_train(params: dict[str, Any], **kw: Any) -> None:
-    from growpipe.tune.trials import train_trial
-
     train_trial(params, **kw)
 
 
 def growpipe_thresholds(params: dict[str, Any], **kw: Any) -> None:
-    from growpipe.tune.trials import threshold_trial
-
     threshold_trial(params, **kw)
 
 
@@ -461,7 +450,7 @@ def _finish(
             "error": str(r.error).splitlines()[0] if r.error else None,
             "checkpoint": r.checkpoint.path if r.checkpoint else None,
         })  # fmt: skip
-    from growpipe.tune.ends import trial_outcome
+    from growpipe.tune.ends import trial_outcome  # lazy: as in close_children
 
     outcomes = {}
     for t in trials:
@@ -503,8 +492,6 @@ def _best_config(spec: SweepSpec, base: dict[str, Any], params: dict[str, Any]) 
     """A run config `growpipe train --config` accepts: the trial's config, tracking fields of the sweep cleared
     and no run name (each run of it gets its own, as with the shipped configs)."""
     if spec.kind == "thresholds":
-        from growpipe.checkpoint import open_checkpoint
-
         assert spec.source is not None
         raw = open_checkpoint(spec.source.checkpoint)[2]["config"]
         p = {"eval.thresholds": [float(params["threshold"])]}

@@ -5,6 +5,13 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from ray.util import get_current_placement_group
+
+from growpipe.checkpoint import CheckpointStore
+from growpipe.quiet import quiet_exit, quiet_libraries
+from growpipe.resume import continue_from
+from growpipe.runtime.pipeline import Pipeline
+from growpipe.tracking import epoch_metrics
 from growpipe.tune.predictions import StoredExits
 from growpipe.tune.spec import trial_config
 
@@ -38,13 +45,6 @@ def train_trial(
     recorded its report) goes on from that one, and first reports to Tune the epochs Tune has not seen, so
     that Tune and MLflow keep the same epochs."""
     from ray import tune
-    from ray.util import get_current_placement_group
-
-    from growpipe.checkpoint import CheckpointStore
-    from growpipe.quiet import quiet_exit, quiet_libraries
-    from growpipe.resume import continue_from
-    from growpipe.runtime.pipeline import Pipeline
-    from growpipe.tracking import epoch_metrics
 
     quiet_libraries()  # this trial's process: Ray Train's line per checkpoint, MLflow's INFO lines
     quiet_exit()  # Tune ends a trial it stops with SIGTERM: no "Exception ignored ... SystemExit" traceback
@@ -157,8 +157,6 @@ def threshold_trial(
 ) -> None:
     """Score one exit threshold (and confidence measure) on stored per-exit predictions: no training."""
     from ray import tune
-
-    from growpipe.quiet import quiet_libraries
 
     quiet_libraries()
     th = float(params["threshold"])
