@@ -18,14 +18,15 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	RAY_AUTH_MODE=$${RAY_AUTH_MODE:-token} $(BIN)/growpipe train --config configs/demo.yaml --json-out runs/demo/result.json --save runs/demo/checkpoint
 
-## test: lint, then the whole test suite
+## test: lint (ruff, then mypy on src/: its settings are in pyproject.toml), then the whole test suite
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 	$(BIN)/pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy
 
 clean:
-	rm -rf runs .pytest_cache
+	rm -rf runs .pytest_cache .mypy_cache

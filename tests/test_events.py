@@ -46,7 +46,7 @@ def _paced_loop(tmp_path: Path, epochs: int, *more: RunCallback) -> tuple[RunLoo
     loop = RunLoop(cfg, LocalEngine(cfg), store=CheckpointStore(str(tmp_path), "events"),
                    callbacks=[events, *more], say=events.say)  # fmt: skip
     loop.epoch_gate = events.settled
-    loop.position_every_s = 0.0  # pushed at every batch
+    loop.feed.every_s = 0.0  # pushed at every batch
     results: list[dict[str, Any]] = []
 
     def run() -> None:

@@ -16,6 +16,7 @@ from growpipe.checkpoint import CheckpointStore
 from growpipe.errors import CheckpointError
 from growpipe.growth import grow_refusal
 from growpipe.loop.callbacks import RunCallback
+from growpipe.loop.checkpointing import Checkpointer
 from growpipe.loop.engine import EpochPart, Prepared, WorkerLost
 from growpipe.loop.loop import RunLoop
 from growpipe.loop.policies import (
@@ -27,6 +28,8 @@ from growpipe.loop.policies import (
     pack_host,
     want_standby,
 )
+from growpipe.loop.progress import PositionFeed
+from growpipe.loop.record import RunRecord
 from growpipe.loop.stats import StageStats, merge_by_stage
 from growpipe.nn.specs import InputInfo
 from tests.conftest import tiny_config
@@ -445,3 +448,73 @@ def test_topology_policy_replaces_waits_shrinks_fails_and_expands():
     assert isinstance(after_loss(spread, [False, False, False], 31, 30, "shrink"), Fail)
     assert expand(shrunk.layout, spread, [True, True, True]) and not expand(shrunk.layout, spread, [True, False, True])
     assert not expand(spread, spread, [True, True, True])  # nothing to spread
+
+
+def test_the_run_record_counts_epochs_notes_the_best_and_comes_back_from_its_manifest():
+    rec = RunRecord()
+    stats = StageStats(0, "X", samples=8, batches=1)
+    stats.add_losses({"b0.ce": 0.5})
+    losses, skipped = rec.add_epoch([stats], samples=8, seconds=2.0)
+    assert losses == {"b0.ce": 0.5} and skipped == {} and (rec.samples, rec.train_seconds) == (8, 2.0)
+    rec.history += [{"epoch": 1, "val_accuracy": 0.5}]
+    assert rec.note_best(1) and rec.best == {"epoch": 1, "val_accuracy": 0.5, "path": None}
+    rec.history += [{"epoch": 2, "val_accuracy": 0.4}]
+    assert not rec.note_best(2) and rec.best["epoch"] == 1  # worse: the best stays
+    assert not rec.note_best(1)  # only the newest row can be noted
+    rec.watch.note({0: "sum0"})
+    rec.restarts = 1
+    back = RunRecord(restarts=3)
+    back.restore(rec.to_manifest())
+    assert back.to_manifest() == {**rec.to_manifest(), "restarts": 3}  # restarts are this process's own
+    assert back.frozen == {0} and back.totals == {}
+
+
+def test_the_checkpointer_writes_numbered_restore_points_and_keeps_the_best_from_pruning(tmp_path: Path):
+    engine, seen = FakeEngine(), []
+
+    class Seen(RunCallback):
+        def on_checkpoint(self, ref):
+            seen.append(ref)
+
+    cfg = _cfg()
+    off = Checkpointer(cfg, None, engine, "r", [], say=lambda _line: None)
+    assert off.write(1, 0, dict) is None and not off.timing.enabled
+    store = CheckpointStore(str(tmp_path), "r", keep=1)
+    lines: list[str] = []
+    ck = Checkpointer(cfg, store, engine, "r", [Seen()], say=lines.append)
+    best = {"epoch": 1, "val_accuracy": 0.9, "path": None}
+    assert ck.write(1, 0, lambda: {"history": []}, best) >= 0
+    assert best["path"] == seen[0]["path"] and store.protected == {best["path"]}
+    ck.write(2, 0, lambda: {"history": []})
+    ck.write(3, 0, lambda: {"history": []})
+    assert [r["seq"] for r in seen] == [1, 2, 3] and lines[-1].startswith("ckpt   ")
+    assert Path(best["path"]).is_dir()  # kept past keep=1: it is the best epoch's
+    ck.forget_best()
+    assert store.protected == set()
+    later = Checkpointer(cfg, store, engine, "r", [], say=lambda _line: None)
+    later.restored(store.read_manifest(seen[-1]["path"]), None)
+    assert later.seq == 3  # numbering goes on past every folder of the run
+
+
+def test_the_position_feed_pushes_only_while_an_epoch_is_open_and_at_most_every_period():
+    pushed: list[dict] = []
+
+    class Bar(RunCallback):
+        def on_position(self, position):
+            pushed.append(position)
+
+    engine = FakeEngine()
+    engine.position = lambda: (3, 10)
+    feed = PositionFeed(engine, [Bar()], say=lambda _line: None)
+    feed.push(1, 5)
+    assert pushed == []  # every_s None: never
+    feed.every_s = 0.0
+    feed.push(1, 5)
+    assert pushed == []  # no epoch open
+    feed.open = True
+    feed.push(1, 5)
+    feed.push(None, 5)  # not training
+    assert pushed == [{"epoch": 1, "epochs": 5, "batch": 3, "batches": 10}]
+    feed.every_s = 3600.0
+    feed.push(1, 5)
+    assert len(pushed) == 1  # within the period

@@ -123,8 +123,8 @@ def feature_rows(split: Split) -> tuple[np.ndarray, np.ndarray]:
     xs, ys = [], []
     for b in range(-(-len(split) // READ_ROWS)):
         packet = batch_at(split, READ_ROWS, b)
-        xs.append(packet.x.reshape(len(packet.y), -1).numpy())
-        ys.append(packet.y.numpy())
+        xs.append(packet.x.reshape(packet.batch_size, -1).numpy())
+        ys.append(packet.labels().numpy())
     return np.concatenate(xs), np.concatenate(ys)
 
 

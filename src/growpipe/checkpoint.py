@@ -438,7 +438,8 @@ def own_entries(entries: dict[str, bool], named: set[str] | None) -> tuple[list[
     growpipe's: the manifest (and its names while written, removed or set aside), claims, and the shard
     files the manifest names (`named`; None when the folder has no readable manifest, as a write cut short
     leaves it: files named as growpipe names shards). Only those are ever deleted."""
-    own, other = [], []
+    own: list[str] = []
+    other: list[str] = []
     for name, is_dir in sorted(entries.items()):
         ours = name in (MANIFEST, WRITING, RETIRING, DAMAGED) or name.startswith(CLAIM_PREFIX) or (
             name in named if named is not None else bool(SHARD_NAME.match(name)))  # fmt: skip

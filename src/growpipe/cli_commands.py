@@ -11,12 +11,15 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from growpipe.cli_parser import BENCHES
 from growpipe.errors import ConfigError, DataError, OutputError
+
+if TYPE_CHECKING:
+    from growpipe.outputs import Kind
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -29,7 +32,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from growpipe.report import format_report, format_stage_table, format_topology_changes
     from growpipe.tracking import ui_command
 
-    outputs = {
+    outputs: dict[str, tuple[str | None, Kind]] = {
         "--json-out": (args.json_out, "json"),
         "--save": (args.save, "checkpoint"),
         "--plot-out": (args.plot_out, "png"),

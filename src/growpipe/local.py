@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -25,6 +25,7 @@ from growpipe.loop.loop import RunLoop
 from growpipe.loop.result import RunResult
 from growpipe.loop.stats import StageStats
 from growpipe.loop.topology import Layout
+from growpipe.nn.block import Block
 from growpipe.nn.methods import build_block
 from growpipe.nn.net import GrowableNet
 from growpipe.nn.specs import BlockSpec, InputInfo
@@ -99,13 +100,14 @@ class LocalEngine(WithoutBundles):
         net = self._net()
         if freeze:
             net.freeze()
-        net.append(block.handle)
+        net.append(cast(Block, block.handle))  # what prepare_block built
 
     def evaluate(self) -> dict[str, Any]:
         assert self.bundle is not None
         return evaluate_net(self._net(), self.bundle, self.cfg.eval)
 
     def measure_early_exit(self, threshold: float | None) -> dict[str, Any]:
+        assert self.bundle is not None
         return measure_early_exit(self._net(), self.bundle, self.cfg.eval, threshold)
 
     def checksums(self) -> dict[int, str]:
@@ -119,7 +121,7 @@ class LocalEngine(WithoutBundles):
         net.load_state_dict({"blocks": store.load_blocks(ckpt_dir, shards, [b.index for b in net.blocks])})
 
     def recover(self, specs: list[BlockSpec], layout: Layout | None) -> str:
-        return self.build(specs, layout)
+        return self.build(specs, None)  # one process: no placement to follow
 
     def final_states(self) -> list[dict[str, Any]]:
         return self._net().state_dict()["blocks"]
@@ -145,6 +147,7 @@ def train_local(cfg: RunConfig, progress: Progress | None = print, bundle: DataB
     run the config names: growpipe.prepare.prepare_run decides it); return the result JSON, the trained net
     and the data. Raises the error that ended the run."""
     cfg = resolve_paths(cfg)
+    assert cfg.name is not None, "resolve_paths names every run"
     store = checkpoint_store(cfg)
     say = progress or (lambda _line: None)
     engine = LocalEngine(cfg, bundle)

@@ -178,14 +178,14 @@ def _joined(p: Packet, outs: list[Packet]) -> Packet:
     """The micro-batches' outputs as one packet of p's samples (they are contiguous and in order)."""
     if len(outs) == 1:
         return outs[0]
-    masks = [o.mask for o in outs]
-    return replace(p, x=torch.cat([o.x for o in outs]), mask=None if masks[0] is None else torch.cat(masks))
+    masks = [o.mask for o in outs if o.mask is not None]  # every micro-batch has one, or none has
+    return replace(p, x=torch.cat([o.x for o in outs]), mask=torch.cat(masks) if masks else None)
 
 
 def _rows(p: Packet, idx: torch.Tensor) -> Packet:
     """The packet's samples at `idx`."""
     pick = lambda v: None if v is None else v.index_select(0, idx)
-    return replace(p, x=pick(p.x), y=pick(p.y), t=pick(p.t), mask=pick(p.mask),
+    return replace(p, x=p.x.index_select(0, idx), y=pick(p.y), t=pick(p.t), mask=pick(p.mask),
                    side={k: v.index_select(0, idx) for k, v in p.side.items()})  # fmt: skip
 
 

@@ -290,7 +290,9 @@ def checkpoint_store(cfg: RunConfig, run_name: str | None = None) -> CheckpointS
     """Where the run's restore points go (None when checkpoint.enabled is false)."""
     if not cfg.checkpoint.enabled:
         return None
-    return CheckpointStore(cfg.checkpoint.uri, run_name or cfg.name, cfg.checkpoint.keep)
+    name = run_name or cfg.name
+    assert name is not None, "resolve_paths names every run"
+    return CheckpointStore(cfg.checkpoint.uri, name, cfg.checkpoint.keep)
 
 
 def run_callbacks(cfg: RunConfig, run_name: str, say: Callable[[str], None], on_ray: bool = False) -> list[RunCallback]:

@@ -99,5 +99,5 @@ class RayMetrics(RunCallback):
                 self.counters[name].inc(value, tags=tags)
         # every gauge is set again with the newest values: Ray's exporter may leave out a series no one set
         # since its last report, and a stage that stopped training (frozen below a prefix cache) sets none
-        for (name, tags), value in self.latest.items():
-            self.gauges[name].set(value, tags=dict(tags))
+        for (name, tag_items), value in self.latest.items():
+            self.gauges[name].set(value, tags=dict(tag_items))

@@ -304,6 +304,7 @@ class MlflowTracker(RunCallback):
     def _flush(self) -> bool:
         try:
             client = self._client_or_connect()
+            assert self.run_id is not None, "connecting starts the run"
             while self.queue:
                 send_entry(client, self.run_id, self.queue[0])
                 if line := registered_line(self.queue.pop(0)):
@@ -345,6 +346,7 @@ class MlflowTracker(RunCallback):
 
             client = MlflowClient(tracking_uri=self.uri)
             if self.run_id is None:
+                assert self.cfg.tracking.experiment is not None, "resolve_paths names the experiment"
                 exp_id = experiment_id(client, self.cfg.tracking.experiment, self.uri)
                 self.run_id = client.create_run(exp_id, run_name=self.run_name, tags=self._tags()).info.run_id
             self.experiment_id = client.get_run(self.run_id).info.experiment_id
@@ -435,7 +437,7 @@ def log_model(client: Any, run_id: str, entry: dict[str, Any]) -> None:
         "metrics": lambda: link_metrics(client, run_id, model_id, step),
         "files": lambda: _upload_model(client, run_id, model_id, Path(entry["path"])),
         "ready": lambda: client.finalize_logged_model(model_id, "READY"),
-        "register": lambda: entry.get("register") and _register(client, run_id, model_id, entry),
+        "register": lambda: _register(client, run_id, model_id, entry) if entry.get("register") else None,
     }
     done = entry.setdefault("done", [])
     for name, send in steps.items():
@@ -535,7 +537,7 @@ def _global_tracking_uri(uri: str) -> Iterator[None]:
 
     with _GLOBAL_URI:
         before = utils._tracking_uri
-        utils._tracking_uri = uri
+        utils._tracking_uri = uri  # type: ignore[assignment]  # MLflow's private variable is typed as its None default
         try:
             yield
         finally:

@@ -25,8 +25,9 @@ def yaml_key_lines(text: str) -> dict[tuple[str, ...], int]:
                 walk(value, here)
         elif isinstance(node, yaml.SequenceNode):
             for i, item in enumerate(node.value):
-                out[(*path, str(i))] = item.start_mark.line + 1
-                walk(item, (*path, str(i)))
+                here = (*path, str(i))
+                out[here] = item.start_mark.line + 1
+                walk(item, here)
 
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)

@@ -3,6 +3,7 @@ line of the file or of its base, or the --set that gave it)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -10,16 +11,18 @@ from pydantic import ValidationError
 KeyPlaces = dict[tuple[str, ...], int | str]
 """Where each key of a config is, by its path of keys: a line of the file itself (int), or 'FILE line N' for a
 key that comes from a base file."""
+KeyLines = Mapping[tuple[str, ...], int | str]
+"""KeyPlaces as the readers below take them (any mapping: yaml_key_lines' lines of one file too)."""
 
 
-def format_errors(err: ValidationError, source: str, lines: KeyPlaces | None = None) -> str:
+def format_errors(err: ValidationError, source: str, lines: KeyLines | None = None) -> str:
     """A header and one line per problem, the field named as the user wrote it (`lines`: where each YAML key
     is)."""
     problems = problem_lines(err, lines)
     return "\n".join([f"{source}: {len(problems)} problem(s)", *(f"  {p}" for p in problems)])
 
 
-def problem_lines(err: ValidationError, lines: KeyPlaces | None = None) -> list[str]:
+def problem_lines(err: ValidationError, lines: KeyLines | None = None) -> list[str]:
     """One line per problem of a validation error: 'field (line N): what is wrong and the fix'."""
     problems = []
     for e in err.errors():
@@ -57,7 +60,7 @@ def is_union_tag(part: Any) -> bool:
     return isinstance(part, str) and ("[" in part or "(" in part)
 
 
-def _line_of(loc: tuple[str, ...], lines: KeyPlaces | None) -> str:
+def _line_of(loc: tuple[str, ...], lines: KeyLines | None) -> str:
     """' (line N)' (or ' (BASE line N)') of the deepest key of `loc` the YAML file has, or ''."""
     for n in range(len(loc), 0, -1):
         if lines and loc[:n] in lines:

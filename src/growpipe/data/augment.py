@@ -5,6 +5,7 @@ shards, a resumed epoch), so every runtime sees the same augmented inputs as the
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 
 import torch
 
@@ -15,7 +16,7 @@ class Augment:
     """random_crop (zero padding `padding` on each side, then a crop back to the image size) and hflip
     (probability 1/2), drawn for every sample of a split of `n` at the start of each epoch."""
 
-    def __init__(self, kinds: list[str], padding: int, seed: int, n: int):
+    def __init__(self, kinds: Sequence[str], padding: int, seed: int, n: int):
         self.kinds = tuple(kinds)
         self.padding = padding
         self.seed = seed

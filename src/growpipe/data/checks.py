@@ -38,7 +38,9 @@ class Origin:
         return f"{self.place} row {position + 1} ({f'line {position + 2}' if self.lines else 'counting from 1'})"
 
 
-def column_array(values: Any, column: str, origin: Origin, positions: Sequence[int] | None = None) -> np.ndarray:
+def column_array(
+    values: Any, column: str, origin: Origin, positions: Sequence[int] | np.ndarray | None = None
+) -> np.ndarray:
     """A feature column (numbers, or lists of numbers) as a (rows, values) array. DataError naming the column
     and the first bad row (`positions[i]` in the file for the i-th value; i itself without them) when rows
     hold lists of different lengths, something that is not a number, or a missing (NaN) or infinite value."""

@@ -3,7 +3,7 @@ columns reshaped by data.image_shape) or a tabular one."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import psutil
@@ -43,8 +43,8 @@ def frames_to_bundle(name: str, train: pd.DataFrame, test: pd.DataFrame, spec: D
         vocab = Vocab.build(ttr, spec.vocab_size, spec.min_count, lengths, spec.ngrams)
         max_len = kept_length(lengths, spec.max_len, spec.max_len_percentile)
         _check_token_memory(len(ttr) + len(tte), vocab.width(max_len), max_len, spec)
-        xtr, xte = vocab.encode(ttr.tolist(), max_len), vocab.encode(tte.tolist(), max_len)
-        return DataBundle(name, "text", Split(xtr, ytr, text=ttr), Split(xte, yte, text=tte), len(class_names),
+        ids_tr, ids_te = vocab.encode(ttr.tolist(), max_len), vocab.encode(tte.tolist(), max_len)
+        return DataBundle(name, "text", Split(ids_tr, ytr, text=ttr), Split(ids_te, yte, text=tte), len(class_names),
                           class_names, vocab)  # fmt: skip
     others = [c for c in train.columns if c not in (label, "label_name")]
     vectors = [c for c in others if _is_vector_column(train[c])]
@@ -102,6 +102,7 @@ def _feature_matrix(df: pd.DataFrame, feats: list[str], vectors: list[str], orig
     parts = []
     for c in feats:
         column = df[c]
+        values: list[Any] | np.ndarray
         if c in vectors:
             values = column.tolist()
         elif column.isna().any():  # nullable integers hold pd.NA: as NaN, refused as missing
@@ -114,8 +115,8 @@ def _feature_matrix(df: pd.DataFrame, feats: list[str], vectors: list[str], orig
 
 def _check_text(column: pd.Series, col: str, name: str) -> None:
     """DataError unless the column holds text (not images, bytes, numbers or lists)."""
-    sample = column.dropna()
-    sample = sample.iloc[0] if len(sample) else ""
+    present = column.dropna()
+    sample = present.iloc[0] if len(present) else ""
     if not isinstance(sample, str):
         kind = (
             "images"

@@ -21,8 +21,7 @@ def candidate_dirs(name: str, system_dirs: tuple[str, ...] = ()) -> list[Path]:
         for parent in (start, *start.parents):
             out.append(parent / "shared" / "data" / name)
     out.extend(Path(d) for d in system_dirs)
-    seen: set[Path] = set()
-    return [p for p in out if not (p in seen or seen.add(p))]
+    return list(dict.fromkeys(out))  # each once, in order
 
 
 def locate(spec: DataSpec, name: str, must_have: list[str], system_dirs: tuple[str, ...] = ()) -> Path:

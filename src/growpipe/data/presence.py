@@ -42,8 +42,8 @@ def find_data(spec: DataSpec) -> None:
             check_parquet_labels(found["train"], spec.label_column, fs)
     elif name.startswith("imagefolder:"):
         uri = name.removeprefix("imagefolder:")
-        fs, root = open_fs(uri)
-        if not fs.isdir(root):
+        fs, folder = open_fs(uri)
+        if not fs.isdir(folder):
             raise DataError(f"data.name: {uri} is not a directory; give imagefolder:DIR with train/CLASS/*.png and "
                             "test/CLASS/*.png")  # fmt: skip
     elif name.startswith("hf:"):

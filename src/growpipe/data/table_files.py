@@ -167,8 +167,8 @@ def _streamed_table(name: str, train: Any, test: Any, spec: DataSpec, origins: d
     if not feats:
         raise DataError(f"{name}: no numeric feature columns to stream; set data.stream: false")
     check_columns(feats, test.column_names, origins, name)
-    frames = [columns_frame(ds, [c for c in (label, "label_name") if c in ds.column_names]) for ds in (train, test)]
-    ytr, yte, names = class_labels(*frames, spec, name, origins)
+    ftr, fte = (columns_frame(ds, [c for c in (label, "label_name") if c in ds.column_names]) for ds in (train, test))
+    ytr, yte, names = class_labels(ftr, fte, spec, name, origins)
     sources = {s: ColumnsSource(ds, feats, origins[s]) for s, ds in (("train", train), ("test", test))}
     notes = dropped_columns_note([c for c in others if c not in feats])
     return streamed_bundle(name, sources, {"train": ytr.numpy(), "test": yte.numpy()}, names, spec, notes)

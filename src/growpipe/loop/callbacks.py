@@ -32,7 +32,7 @@ class RunCallback:
 
     def on_position(self, position: dict[str, int]) -> None:
         """Where the running epoch is ({epoch, epochs, batch, batches}), while batches run and only when the
-        loop's position_every_s is set."""
+        loop's feed.every_s is set (loop.progress.PositionFeed)."""
 
     def on_topology(self, event: dict[str, Any]) -> None:
         """Where the blocks run changed (replace, shrink, expand): growpipe.loop.elastic.Topology.record."""

@@ -20,16 +20,18 @@ from growpipe.growth import GrowthPlan, grow_refusal, growth_event, note_epoch
 from growpipe.loop.callbacks import RunCallback, notify, wants_final_net
 from growpipe.loop.checkpointing import Checkpointer
 from growpipe.loop.elastic import Topology
+from growpipe.loop.ending import FinalNet, run_summary, select_best
 from growpipe.loop.engine import Engine, Prepared, WorkerLost
 from growpipe.loop.orders import GrowRequests
-from growpipe.loop.policies import Raise, better_epoch, decide_failure, learned_nothing
+from growpipe.loop.policies import Raise, decide_failure, learned_nothing
+from growpipe.loop.progress import PositionFeed
 from growpipe.loop.record import RunRecord
 from growpipe.loop.states import Caching, Errored, Finished, Growing, Restoring, Starting, State, Training
 from growpipe.loop.stats import StageStats, merge_by_stage
 from growpipe.nn.inference import chosen_threshold
 from growpipe.nn.net import GrowableNet, plan_blocks, plan_growth_block
 from growpipe.nn.specs import BlockSpec, InputInfo
-from growpipe.report import epoch_row, summarize
+from growpipe.report import epoch_row
 
 Say = Callable[[str], None]
 
@@ -53,7 +55,7 @@ class RunLoop:
         """`store`: where restore points go (None: none); `resume`: a checkpoint directory to start from."""
         self.cfg = cfg
         self.engine = engine
-        self.run_name = run_name or cfg.name
+        self.run_name: str = run_name or cfg.name or "unnamed"
         self.store = store
         self.callbacks = list(callbacks or [])
         self.say: Say = say or (lambda _line: None)
@@ -67,18 +69,15 @@ class RunLoop:
         self.rec = RunRecord()
         self.info: InputInfo | None = None
         self.specs: list[BlockSpec] = []
-        self.totals: dict[int, StageStats] = {}
         self.cache_due = False
         self.last_eval: dict[str, Any] | None = None
         self.result: dict[str, Any] | None = None
-        self.net: GrowableNet | None = None
-        self.final_states: list[dict[str, Any]] | None = None
+        self.ending = FinalNet()
         self.requests = GrowRequests(cfg, engine, self.run_name, self.say)
         self.topology = Topology(cfg, engine, self.callbacks, self.say, lambda: self.stop_reason is not None)
-        self._epoch_open = False  # between an epoch's start and its line: a progress bar may be drawn
+        self.feed = PositionFeed(engine, self.callbacks, self.say)
         self._row_epoch = 0  # the newest epoch whose row this start of the run made
         self._gated = 0  # the newest epoch handed to epoch_gate
-        self._position_at = 0.0  # when the running epoch's position was last pushed
         self.keep_net = True
         """Gather the trained net's weights at the end (final_net / final): off when nobody asks for the
         whole net (a block may be as big as its worker)."""
@@ -86,8 +85,6 @@ class RunLoop:
         """Called once an epoch's boundary is done (its row, growth and checkpoint went to the callbacks),
         before the next epoch trains; it may block until whoever follows the run has taken that epoch (a Tune
         trial: until Tune answered its report, so nothing trains past an epoch Tune stops the trial at)."""
-        self.position_every_s: float | None = None
-        """Push the running epoch's position to the callbacks (on_position) at most this often; None: never."""
 
     # ---- the state machine ----------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -189,7 +186,7 @@ class RunLoop:
 
     def _training(self, t: Training) -> State:
         parts, samples, seconds, start = list(t.parts), t.samples, t.seconds, t.start_batch
-        self._epoch_open = True
+        self.feed.open = True
         while True:
             stop_at = self.timing.next_stop(start)
             t0 = time.perf_counter()
@@ -258,7 +255,7 @@ class RunLoop:
     # ---- decisions between states ---------------------------------------------------------------------
     def _boundary(self, epoch: int) -> State:
         """After `epoch` finished epochs (0: the start): grow (planned, or a request), checkpoint, go on."""
-        best = self._note_best(epoch)
+        best = bool(self.cfg.eval.restore_best and self.store) and self.rec.note_best(epoch)
         due = self.plan.due(epoch, self.rec.history, len(self.specs))
         self.requests.collect(wait=False)
         order = self.requests.take_prepared()  # placed during an epoch that could not pause
@@ -272,17 +269,6 @@ class RunLoop:
         if best or self.timing.at_epoch_end(epoch, self.plan.total_epochs):
             self._checkpoint(epoch, 0, best)
         return self._next_epoch(epoch, 0)
-
-    def _note_best(self, epoch: int) -> bool:
-        """Model selection (eval.restore_best): whether epoch `epoch` just beat the best validation accuracy
-        since the last growth (its checkpoint is then written and kept)."""
-        if not (self.cfg.eval.restore_best and self.store and epoch and self.rec.history):
-            return False
-        row = self.rec.history[-1]
-        if row["epoch"] != epoch or not better_epoch(self.rec.best["val_accuracy"] if self.rec.best else None, row):
-            return False
-        self.rec.best = {"epoch": epoch, "val_accuracy": row["val_accuracy"], "path": None}
-        return True
 
     def _next_epoch(self, epoch: int, batch: int) -> State:
         """Train on from `batch` of epoch `epoch` + 1 (building a prefix cache first when one is due), or
@@ -308,16 +294,8 @@ class RunLoop:
         stats = merge_by_stage(parts)
         if idle := learned_nothing(stats):  # before the epoch's row and any checkpoint after it
             raise NonFiniteError(idle, SKIP_HINT, epoch=epoch)
-        losses: dict[str, float] = {}
-        skipped: dict[str, int] = {}
-        for s in stats:
-            losses.update(s.losses)
-            skipped.update(s.skipped)
-            s.wall_s, s.events = seconds, []
-            self.totals[s.stage] = self.totals[s.stage].merge(s) if s.stage in self.totals else s
-        self.rec.train_seconds += seconds
-        self.rec.samples += samples
-        self._epoch_open = False  # no progress bar from here: the epoch's line comes next
+        losses, skipped = self.rec.add_epoch(stats, samples, seconds)
+        self.feed.open = False  # no progress bar from here: the epoch's line comes next
         t0 = time.perf_counter()
         ev = self.last_eval = self.engine.evaluate()
         eval_seconds = time.perf_counter() - t0
@@ -333,24 +311,10 @@ class RunLoop:
 
     def position(self) -> dict[str, int] | None:
         """Where the running epoch is: {epoch, epochs, batch, batches}; None outside an epoch."""
-        state = self.state
-        if not isinstance(state, Training) or not self._epoch_open:
-            return None
-        pos = self.engine.position()
-        if pos is None:
-            return None
-        return {"epoch": state.epoch, "epochs": self.plan.total_epochs, "batch": pos[0], "batches": pos[1]}
+        return self.feed.position(self._training_epoch(), self.plan.total_epochs)
 
-    def _push_position(self) -> None:
-        """Hand the running epoch's position to the callbacks (a driver's progress bar). Engines call `_poll`
-        between batches (or every 0.2 s while they wait for a stage), so the position goes out from here as the
-        epoch runs, at most every position_every_s: nothing has to ask for it, nothing sleeps."""
-        now = time.monotonic()
-        if self.position_every_s is None or now - self._position_at < self.position_every_s:
-            return
-        self._position_at = now
-        if (pos := self.position()) is not None:
-            notify(self.callbacks, "on_position", pos, say=self.say)
+    def _training_epoch(self) -> int | None:
+        return self.state.epoch if isinstance(self.state, Training) else None
 
     # ---- growth ---------------------------------------------------------------------------------------
     def grow(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -366,7 +330,7 @@ class RunLoop:
     def _poll(self) -> bool:
         """Called by the engine between batches: the running epoch's position out, a waiting request's block
         placed; True once one is ready to attach (the engine then pauses)."""
-        self._push_position()
+        self.feed.push(self._training_epoch(), self.plan.total_epochs)
         return self.requests.poll(self)
 
     def next_spec(self, step: GrowStep) -> BlockSpec:
@@ -423,7 +387,7 @@ class RunLoop:
             "input": self.info.to_dict(),
             "topology": [s.to_dict() for s in self.specs],
             **self.rec.to_manifest(),
-            "mlflow_run_id": next((cb.run_id for cb in self.callbacks if getattr(cb, "run_id", None)), None),
+            "mlflow_run_id": next((rid for cb in self.callbacks if (rid := getattr(cb, "run_id", None))), None),
         }
 
     def _restore_record(self, manifest: dict[str, Any]) -> None:
@@ -433,74 +397,34 @@ class RunLoop:
             self.plan.grew(event["epoch"])
         self.checkpoints.restored(manifest, self.rec.best)
         self.cache_due = self.cfg.grow.cache.enabled and bool(self.rec.frozen)
-        self.totals = {}
         self.last_eval = None
 
     # ---- the end --------------------------------------------------------------------------------------
     def _finish(self) -> State:
-        selected = self._select_best()
-        ev = dict(self.last_eval or self.engine.evaluate())
+        selected, restored = select_best(self.rec, self.store, self.engine, self.say)
+        ev = dict((None if restored else self.last_eval) or self.engine.evaluate())
         ev["early_exit"] = self.engine.measure_early_exit(chosen_threshold(ev, self.cfg.eval.exit_threshold))
-        summary = summarize(self.cfg, len(self.specs), self.rec.history, self.rec.growth, ev, self.rec.train_seconds,
-                            self.rec.samples)  # fmt: skip
-        summary["runtime"] = self.engine.name
-        summary["selected_epoch"] = selected
-        if self.engine.stage_table:
-            rows = [self.totals[i].row() for i in sorted(self.totals)]
-            hops = sorted(r["hop_ms_median"] for r in rows if r["hop_ms_median"] is not None)
-            summary["stages"] = rows
-            summary["hop_overhead_ms"] = hops[len(hops) // 2] if hops else None
-        summary.update(self.engine.extras())
-        summary["frozen_unchanged"] = self.rec.watch.unchanged(self.engine.checksums())
-        summary["growth_skipped"] = self.rec.growth_skipped
-        summary["prefix_caches"] = self.rec.caches
-        summary["restarts"] = self.rec.restarts
-        summary["topology_changes"] = self.topology.changes
-        summary["checkpoints"] = self.store.root if self.store else None
+        extra = {"selected_epoch": selected, "topology_changes": self.topology.changes,
+                 "checkpoints": self.store.root if self.store else None}  # fmt: skip
+        summary = run_summary(self.cfg, self.engine, self.rec, len(self.specs), ev, extra)
         for fields in notify(self.callbacks, "result_fields", say=self.say):
             summary.update(fields or {})
         wanting = [cb for cb in self.callbacks if wants_final_net(cb)]
-        if self.engine.net is None and (self.keep_net or wanting):  # a whole net only where one is asked for
-            self.final_states = self.engine.final_states()
+        self.ending.gather(self.engine, self.keep_net or bool(wanting))  # a whole net only where one is asked for
         self.result = summary
         notify(self.callbacks, "on_finish", summary, say=self.say)
         if wanting:
             notify(wanting, "on_final_net", self.final_net(), summary, say=self.say)
         return Finished()
 
-    def _select_best(self) -> int | None:
-        """Model selection at the end: back to the best epoch's checkpoint when a later epoch was worse on the
-        validation split; the epoch whose net the result is (None: no validation split)."""
-        last = self.rec.history[-1] if self.rec.history else None
-        if last is None or last["val_accuracy"] is None:
-            return None
-        best = self.rec.best
-        if best is None or best["path"] is None or best["epoch"] == last["epoch"] or self.store is None:
-            return last["epoch"]
-        manifest = self.store.read_manifest(best["path"])
-        self.engine.restore(self.store, best["path"], manifest["shards"])
-        self.last_eval = None
-        self.say(f"best   epoch {best['epoch']} (val {best['val_accuracy']:.4f}) restored: the last, epoch "
-                 f"{last['epoch']}, had val {last['val_accuracy']:.4f}")  # fmt: skip
-        return int(best["epoch"])
-
     def final_net(self) -> GrowableNet:
         """The trained net in this process (after FINISHED)."""
-        if self.net is None:
-            self.net = self.engine.net
-        if self.net is None:
-            assert self.info is not None and self.final_states is not None
-            topology = [s.to_dict() for s in self.specs]
-            self.net = GrowableNet.from_states(self.cfg.rule(), self.info, topology, self.final_states)
-        return self.net
+        return self.ending.built(self.cfg, self.engine, self.info, self.specs)
 
     def final(self) -> dict[str, Any] | None:
         """After FINISHED: the topology, the input description and every block's state (None when the run
         did not finish, or was run without keep_net)."""
-        if self.result is None or (self.final_states is None and self.engine.net is None):
-            return None
-        states = self.final_states if self.final_states is not None else self.final_net().state_dict()["blocks"]
-        return {"topology": [s.to_dict() for s in self.specs], "info": self.info, "states": states}
+        return None if self.result is None else self.ending.exported(self.cfg, self.engine, self.info, self.specs)
 
     def shutdown(self, reason: str | None = None) -> None:
         """Release everything now (from another thread: the driver stops a run midway, `reason` says why).

@@ -32,7 +32,9 @@ class RunState(Protocol):
 class GrowingRun(Protocol):
     """What the requests read of the run they grow (RunLoop)."""
 
-    state: RunState
+    @property
+    def state(self) -> RunState: ...
+
     info: InputInfo | None
     specs: list[BlockSpec]
 

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from growpipe.growth import FrozenWatch
+from growpipe.loop.policies import better_epoch
+from growpipe.loop.stats import StageStats
 
 
 @dataclass
@@ -24,6 +26,33 @@ class RunRecord:
     samples: int = 0
     restarts: int = 0
     best: dict[str, Any] | None = None
+    totals: dict[int, StageStats] = field(default_factory=dict)  # per stage, since this process (re)started it
+
+    def add_epoch(
+        self, stats: list[StageStats], samples: int, seconds: float
+    ) -> tuple[dict[str, float], dict[str, int]]:
+        """Count an epoch's stage statistics, samples and seconds; its losses and skipped batches by block."""
+        losses: dict[str, float] = {}
+        skipped: dict[str, int] = {}
+        for s in stats:
+            losses.update(s.losses)
+            skipped.update(s.skipped)
+            s.wall_s, s.events = seconds, []
+            self.totals[s.stage] = self.totals[s.stage].merge(s) if s.stage in self.totals else s
+        self.train_seconds += seconds
+        self.samples += samples
+        return losses, skipped
+
+    def note_best(self, epoch: int) -> bool:
+        """Model selection (eval.restore_best): whether epoch `epoch`'s row just beat the best validation
+        accuracy since the last growth (then it becomes the best; its checkpoint is written and kept)."""
+        if not self.history or self.history[-1]["epoch"] != epoch or not epoch:
+            return False
+        row = self.history[-1]
+        if not better_epoch(self.best["val_accuracy"] if self.best else None, row):
+            return False
+        self.best = {"epoch": epoch, "val_accuracy": row["val_accuracy"], "path": None}
+        return True
 
     def to_manifest(self) -> dict[str, Any]:
         """The fields of a checkpoint manifest this record fills."""
@@ -49,3 +78,4 @@ class RunRecord:
         self.train_seconds, self.samples = manifest["train_seconds"], manifest["samples"]
         self.caches = list(manifest.get("caches", []))
         self.best = manifest.get("best")
+        self.totals = {}

@@ -6,6 +6,8 @@ Every encoder maps (x, mask, side) -> (s, mask): `x` is the previous block's out
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -55,6 +57,11 @@ class Encoder(nn.Module):
     def handoff(self) -> dict[str, torch.Tensor]:
         """Side tensors the last forward passes on to the next block (detached, batch first); none here."""
         return {}
+
+
+def encoder_of(modules: nn.ModuleDict) -> Encoder:
+    """A block's encoder `f` as its class (a ModuleDict hands out plain Modules)."""
+    return cast(Encoder, modules["f"])
 
 
 class MLPEncoder(Encoder):
@@ -138,6 +145,8 @@ class EmbeddingEncoder(Encoder):
     i.e. a learned linear map of the document's TF-IDF vector. With `word_dropout` p, training drops each
     token (reads it as padding) with probability p first.
     """
+
+    idf: torch.Tensor  # a buffer, with pooling="tfidf" only
 
     def __init__(self, vocab: int, dim: int, positions: int, dropout: float, pooling: str = "none",
                  init_std: float = 1.0, vectors: torch.Tensor | None = None, freeze: bool = False,
@@ -237,9 +246,9 @@ class LSTMEncoder(Encoder):
 
     def _start(self, side: dict[str, torch.Tensor], batch: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         h, c = side.get("lstm.h"), side.get("lstm.c")
-        fits = h is not None and tuple(h.shape) == (batch, 2 * self.lstm.num_layers, self.hidden)
-        if not (self.pass_state and fits):
+        if not self.pass_state or h is None or tuple(h.shape) != (batch, 2 * self.lstm.num_layers, self.hidden):
             return None
+        assert c is not None, "the LSTM state travels as a pair"
         return h.transpose(0, 1).contiguous(), c.transpose(0, 1).contiguous()
 
 

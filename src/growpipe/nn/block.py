@@ -25,7 +25,7 @@ from growpipe import faults
 from growpipe.config import OptimSpec, RuleSettings
 from growpipe.device import COMPUTE_DTYPES, compute_context
 from growpipe.errors import NonFiniteError
-from growpipe.nn.backbones import build_encoder, dummy_input, dummy_side, output_shape
+from growpipe.nn.backbones import build_encoder, dummy_input, dummy_side, encoder_of, output_shape
 from growpipe.nn.guard import guarded_update
 from growpipe.nn.macs import count_macs
 from growpipe.nn.packet import Packet
@@ -108,7 +108,7 @@ class Block:
     def encode(self, p: Packet) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
         """Run the encoder f on a packet: (features, mask, the side tensors for the next block: the packet's
         plus what f hands on, in a new dict so that `p` stays as it was)."""
-        f = self.modules["f"]
+        f = encoder_of(self.modules)
         s, mask = f(p.x, p.mask, p.side)
         handoff = f.handoff()
         return s, mask, ({**p.side, **handoff} if handoff else p.side)
@@ -172,7 +172,7 @@ class Block:
 
     def features(self, s: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """What this block's local heads see of its output (the encoder's pooling)."""
-        return self.modules["f"].pool(s, mask)
+        return encoder_of(self.modules).pool(s, mask)
 
     def decode(self, code: torch.Tensor) -> torch.Tensor:
         """Map a code from this block's label space to the one below (AL)."""

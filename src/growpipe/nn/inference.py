@@ -128,7 +128,7 @@ def collect_exits(net: Any, batches: Iterable[Packet]) -> ExitPredictions:
     for p in batches:
         for d, logits in net.exit_logits(p).items():
             probs.setdefault(d, []).append(torch.softmax(logits.float(), 1).cpu())
-        labels.append(p.y.cpu())
+        labels.append(p.labels().cpu())
     depths = sorted(probs)
     return ExitPredictions(depths, {d: torch.cat(v) for d, v in probs.items()}, torch.cat(labels))
 

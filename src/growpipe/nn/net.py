@@ -157,6 +157,7 @@ class GrowableNet:
     def _to_logits(self, block: Block, out: Packet) -> torch.Tensor:
         with block.computing():
             z = block.exit(out)
+            assert z is not None, f"{block.name} has no exit"
             if block.exit_decodes:
                 for decode in self.decoders_below(block.index):
                     z = decode(z)

@@ -35,7 +35,7 @@ class Packet:
             return None if v is None else v.to(device, non_blocking=True)
 
         return Packet(
-            x=mv(self.x),
+            x=self.x.to(device, non_blocking=True),
             y=mv(self.y),
             t=mv(self.t),
             mask=mv(self.mask),
@@ -50,8 +50,8 @@ class Packet:
         def cut(v: torch.Tensor | None) -> torch.Tensor | None:
             return None if v is None else v[keep.to(v.device)]
 
-        return Packet(x=cut(self.x), y=cut(self.y), t=cut(self.t), mask=cut(self.mask),  # type: ignore[arg-type]
-                      side={k: cut(v) for k, v in self.side.items()}, index=self.index,  # type: ignore[misc]
+        return Packet(x=self.x[keep.to(self.x.device)], y=cut(self.y), t=cut(self.t), mask=cut(self.mask),
+                      side={k: v[keep.to(v.device)] for k, v in self.side.items()}, index=self.index,
                       rows=cut(self.rows))  # fmt: skip
 
     def detached(self) -> Packet:
@@ -60,7 +60,13 @@ class Packet:
         def dt(v: torch.Tensor | None) -> torch.Tensor | None:
             return None if v is None else v.detach()
 
-        return replace(self, x=dt(self.x), t=dt(self.t))
+        return replace(self, x=self.x.detach(), t=dt(self.t))
+
+    def labels(self) -> torch.Tensor:
+        """`y`, for a step that needs the labels (a loss, an accuracy); ValueError on a packet without them."""
+        if self.y is None:
+            raise ValueError(f"packet {self.index} has no labels y; this step needs labelled batches")
+        return self.y
 
     @property
     def batch_size(self) -> int:

@@ -21,10 +21,10 @@ CONVERT = (
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
     opener = gzip.open if path.suffix == ".gz" else open
     try:
-        with opener(path, "rb") as raw:  # type: ignore[operator]
+        with opener(path, "rb") as raw:
             _refuse_binary(path, raw.read(1 << 16))
         fh: IO[str]
-        with opener(path, "rt", encoding="utf-8", errors="replace") as fh:  # type: ignore[operator]
+        with opener(path, "rt", encoding="utf-8", errors="replace") as fh:
             yield from enumerate(fh, start=1)
     except (OSError, EOFError) as e:
         raise DataError(f"net.word_vectors: cannot read {path} ({e}); re-download or point at a text file") from None

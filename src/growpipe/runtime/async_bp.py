@@ -32,6 +32,7 @@ from torch.func import functional_call
 from growpipe import faults
 from growpipe.config import RunConfig
 from growpipe.errors import ConfigError, NonFiniteError, StageError
+from growpipe.nn.backbones import encoder_of
 from growpipe.nn.guard import STOP_HINT, clip_gradients, problem_after_backward
 from growpipe.nn.packet import Packet
 from growpipe.runtime.bp_checks import one_f_one_b_problem
@@ -47,10 +48,11 @@ class _Encode(nn.Module):
         self.last = last
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, side: dict) -> tuple[Any, Any, Any, dict]:
-        s, mask = self.m["f"](x, mask, side)
-        handoff = self.m["f"].handoff()
+        f = encoder_of(self.m)
+        s, mask = f(x, mask, side)
+        handoff = f.handoff()
         side = {**side, **handoff} if handoff else side
-        return s, mask, (self.m["cls"](self.m["f"].pool(s, mask)) if self.last else None), side
+        return s, mask, (self.m["cls"](f.pool(s, mask)) if self.last else None), side
 
 
 def next_step(opt: torch.optim.Optimizer, p: torch.Tensor) -> torch.Tensor:
@@ -73,7 +75,7 @@ class AsyncBPStage(BPStage):
     """A BP block for 1F1B: each micro-batch's forward keeps its own weights (stashed or predicted) until
     its backward, whose gradient then updates the live weights at once."""
 
-    def setup(self, spec: Any, info: Any, last: bool, stages: int = 1, spectrain: bool = False) -> str:  # type: ignore[override]
+    def setup(self, spec: Any, info: Any, last: bool, stages: int = 1, spectrain: bool = False) -> str:
         name = super().setup(spec, info, last)
         self.spectrain = spectrain
         self.stale_sum, self.stale_n = 0.0, 0
@@ -95,14 +97,18 @@ class AsyncBPStage(BPStage):
         if block.frozen:  # the net grew on top of it: forward only
             p = self._input(epoch, batch) if upstream is None else upstream.to(self.device)
             self.saved[batch] = None
-            self.stats.samples += len(p.y)
+            self.stats.samples += p.batch_size
             return block.forward(p)
         block.modules.train()
         opt = block.optimizers["all"]
         weights = {}
-        for n, p in block.modules.named_parameters():
-            w = p.detach() - self.ahead * next_step(opt, p) if self.spectrain and self.ahead else p.detach().clone()
-            weights[n] = w.requires_grad_(p.requires_grad)  # a frozen embedding (net.freeze_embeddings) stays
+        for n, param in block.modules.named_parameters():
+            w = (
+                param.detach() - self.ahead * next_step(opt, param)
+                if self.spectrain and self.ahead
+                else param.detach().clone()
+            )
+            weights[n] = w.requires_grad_(param.requires_grad)  # a frozen embedding (net.freeze_embeddings) stays
         if upstream is None:
             p = self._input(epoch, batch)
             x_in = None
@@ -113,13 +119,13 @@ class AsyncBPStage(BPStage):
         with block.computing():
             s, mask, logits, side = functional_call(self.wrapped, {f"m.{n}": w for n, w in weights.items()},
                                                     (x, p.mask, p.side))  # fmt: skip
-            result = F.cross_entropy(logits, p.y) if self.last else s
+            result = F.cross_entropy(logits, p.labels()) if self.last else s
         self.saved[batch] = (x_in, result, weights)
-        self.stats.samples += len(p.y)
+        self.stats.samples += p.batch_size
         return None if self.last else block.handed_on(Packet(x=s.detach(), y=p.y, mask=mask, side=side, index=batch))
 
     @busy
-    def backward(self, batch: int, grad: torch.Tensor | None) -> torch.Tensor | None:  # type: ignore[override]
+    def backward(self, batch: int, grad: torch.Tensor | None) -> torch.Tensor | None:
         self.backwards += 1
         faults.maybe_die_at(self.index, self.backwards)  # GROWPIPE_DIE_AT
         block = self._require_block()
@@ -132,7 +138,8 @@ class AsyncBPStage(BPStage):
             result.backward()
             loss = float(result.detach())
         elif grad is None:  # the last stage skipped this mini-batch (train.on_nonfinite: skip_batch)
-            return self._skip(block)
+            self._skip(block)
+            return None
         else:
             result.backward(grad.to(self.device, result.dtype))
         live = dict(block.modules.named_parameters())
@@ -146,7 +153,8 @@ class AsyncBPStage(BPStage):
             opt.zero_grad(set_to_none=True)
             if block.on_nonfinite == "stop":
                 raise NonFiniteError(problem, STOP_HINT, self.name(), batch=batch)
-            return self._skip(block)
+            self._skip(block)
+            return None
         if self.last:
             self.loss_sum += loss
             self.loss_batches += 1

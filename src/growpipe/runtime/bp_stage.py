@@ -71,6 +71,11 @@ class BPStage(StageBase):
         self.stats.block = type(block).__name__
         return type(block).__name__
 
+    def _require_block(self) -> BPBlock:
+        block = super()._require_block()
+        assert isinstance(block, BPBlock), "setup takes BP blocks only"
+        return block
+
     def set_last(self, last: bool) -> None:
         """Whether this stage ends the net (computes the loss): no longer once a block grew on top of it."""
         self.last = last
@@ -90,7 +95,7 @@ class BPStage(StageBase):
             p = Packet(x=x_in, y=p.y, mask=p.mask, side=p.side, index=p.index)
         out = block.forward(p) if block.frozen else block.forward_with_grad(p)
         self.saved[micro] = (x_in, out, share)
-        self.stats.samples += len(p.y)
+        self.stats.samples += p.batch_size
         if self.last:
             return None
         out = out.detached()
@@ -114,6 +119,7 @@ class BPStage(StageBase):
             loss.backward()
             self.batch_loss += float(loss.detach())
         else:
+            assert grad is not None, "a stage below the last gets its output's gradient"
             out.x.backward(grad.to(self.device, out.x.dtype))
         if x_in is None or x_in.grad is None:
             return None

@@ -43,7 +43,8 @@ def connect_existing(address: str | None = None, run: str | None = None) -> str:
                              "newest Ray on this machine)")  # fmt: skip
         address, _chosen_by = chosen
         from_record = found is not None and address == found[0]["address"] and _chosen_by.startswith("recorded")
-        if from_record and found[0].get("auth") == "token" and os.environ.get(AUTH_MODE_VAR) is None:
+        recorded_auth = found[0].get("auth") if found else None
+        if from_record and recorded_auth == "token" and os.environ.get(AUTH_MODE_VAR) is None:
             use_token_auth()
         if from_record and (why := gcs_unreachable(address)):
             raise InputError(f"--run {run}: the cluster it started on ({address}, {_chosen_by}) does not answer "

@@ -101,7 +101,7 @@ def auth_problem(address: str) -> str | None:
     None. Asked with one call that fails at once, unlike ray.init, which retries for about 25 s; the line Ray's
     C++ client prints for a refusal is kept out of the output."""
     # lazy: ray; growpipe.prepare and the API import this module for local runs too
-    from ray._raylet import GcsClient
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]  # missing from ray's _raylet.pyi
     from ray.exceptions import AuthenticationError
 
     if gcs_address(address) is None:
@@ -120,7 +120,8 @@ def auth_problem(address: str) -> str | None:
 
 def has_token() -> bool:
     """Whether a Ray auth token is to be had here (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)."""
-    from ray._raylet import AuthenticationTokenLoader  # lazy: as in auth_problem
+    # lazy: as in auth_problem (and missing from ray's _raylet.pyi)
+    from ray._raylet import AuthenticationTokenLoader  # type: ignore[attr-defined]
 
     return bool(AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True))
 
@@ -128,7 +129,8 @@ def has_token() -> bool:
 def use_token_auth() -> None:
     """Send Ray's auth token from here on (RAY_AUTH_MODE=token, for this process and its children): what a run
     recorded when it started on a cluster that uses token authentication."""
-    from ray._raylet import Config  # lazy: as in auth_problem
+    # lazy: as in auth_problem (and missing from ray's _raylet.pyi)
+    from ray._raylet import Config  # type: ignore[attr-defined]
 
     os.environ[AUTH_MODE_VAR] = "token"
     Config.initialize("")  # Ray caches the mode read at import; re-read it (as Ray's own ray.init does)

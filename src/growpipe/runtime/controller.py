@@ -58,7 +58,7 @@ class Controller:
         push the running epoch's position into the events (a progress bar)."""
         self.loop.keep_net = keep_net
         self.events.paced = paced
-        self.loop.position_every_s = POSITION_EVERY_S if positions else None
+        self.loop.feed.every_s = POSITION_EVERY_S if positions else None
         try:
             result = self.loop.run()
         finally:

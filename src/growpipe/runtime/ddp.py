@@ -61,7 +61,7 @@ class DDPEngine(WithoutBundles):
         trainer = TorchTrainer(
             worker_loop,
             train_loop_config={"cfg": self.cfg.model_dump(mode="json"), "run": self.run_name},
-            scaling_config=ScalingConfig(num_workers=self._scale, use_gpu=gpus,
+            scaling_config=ScalingConfig(num_workers=self._scale, use_gpu=gpus,  # type: ignore[arg-type]  # elastic (min, max): not in Ray's hint
                                          resources_per_worker={"CPU": rt.cpus_per_stage}),
             run_config=TrainRunConfig(storage_path=self.cfg.checkpoint.uri, name=self.storage_name,
                                       failure_config=FailureConfig(max_failures=rt.max_stage_restarts),
@@ -179,8 +179,8 @@ class DDPEngine(WithoutBundles):
 
     def recover(self, specs: list[BlockSpec], layout: Layout | None) -> str:
         self._end()
-        self.open(layout)
-        return self.build(specs, layout)
+        self.open(None)  # DDP replicates every block: no layout to keep
+        return self.build(specs, None)
 
     def final_states(self) -> list[dict[str, Any]]:
         state = self._current()

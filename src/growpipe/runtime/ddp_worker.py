@@ -26,6 +26,7 @@ from growpipe.data import load_data
 from growpipe.data.batches import epoch_batches
 from growpipe.errors import GrowpipeError, NonFiniteError
 from growpipe.evaluation import evaluate_net, measure_early_exit
+from growpipe.nn.backbones import encoder_of
 from growpipe.nn.guard import SKIPPED, guarded_update
 from growpipe.nn.methods import build_block
 from growpipe.nn.net import GrowableNet
@@ -43,15 +44,16 @@ class Chain(nn.Module):
     def __init__(self, blocks: list[Any]):
         super().__init__()
         self.encoders = nn.ModuleList([b.modules["f"] for b in blocks])
+        self.encoder_list = [encoder_of(b.modules) for b in blocks]  # the same modules, as their class
         self.frozen = [b.frozen for b in blocks]
         self.head = blocks[-1].modules["cls"]
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, side: dict) -> torch.Tensor:
-        for f, frozen in zip(self.encoders, self.frozen, strict=True):
+        for f, frozen in zip(self.encoder_list, self.frozen, strict=True):
             with torch.set_grad_enabled(torch.is_grad_enabled() and not frozen):
                 x, mask = f(x, mask, side)
             side = {**side, **f.handoff()}  # e.g. an LSTM block's final state for the next (net.lstm_state)
-        return self.head(self.encoders[-1].pool(x, mask))
+        return self.head(self.encoder_list[-1].pool(x, mask))
 
 
 class Replica:
@@ -106,7 +108,7 @@ class Replica:
             faults.maybe_die_at(self.rank, self.steps)  # GROWPIPE_DIE_AT
             p = batch.parts[0]  # this worker's shard of the global mini-batch
             with last.computing():
-                loss = F.cross_entropy(self.model(p.x.to(device), None, {}), p.y.to(device))
+                loss = F.cross_entropy(self.model(p.x.to(device), None, {}), p.labels().to(device))
             try:  # the backward inside: DDP averages the gradients of all workers there
                 metrics = guarded_update(
                     {"ce": loss}, optimizers, last.on_nonfinite, replicated=True, grad_clip=last.grad_clip
@@ -177,10 +179,10 @@ def worker_loop(config: dict[str, Any]) -> None:
     controller = ray.get_actor(config["run"], namespace=NAMESPACE) if rank == 0 else None
     version, report = None, None
     while True:
-        box = [ray.get(controller.rendezvous.remote(report)) if controller is not None else None]
+        box: list[Any] = [ray.get(controller.rendezvous.remote(report)) if controller is not None else None]
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.broadcast_object_list(box, src=0)
-        order = box[0]
+        order: dict[str, Any] = box[0]
         if order["op"] == "end":
             return
         state = order.get("state")

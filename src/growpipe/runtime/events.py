@@ -8,6 +8,7 @@ positions, and none is drawn again after the line that ended its epoch)."""
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -91,7 +92,7 @@ class RunEvents(RunCallback):
         sent, position_seen = 0, 0
         while True:
             with self._cond:
-                self._cond.wait_for(lambda s=sent, p=position_seen: self._news(s, p))
+                self._cond.wait_for(functools.partial(self._news, sent, position_seen))
                 batch = self._events[sent:]
                 fresh = self._position_seq != position_seen and self._position_after == len(self._events)
                 position = self._position if fresh else None  # not after the epoch's line: it is over

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Any
+from typing import Any, cast
 
 from growpipe.config import RunConfig
 from growpipe.data.batches import micro_slices
@@ -26,7 +26,7 @@ from growpipe.runtime.async_bp import AsyncBPStage, check_1f1b, submit_epoch
 from growpipe.runtime.bp_checks import bp_problems
 from growpipe.runtime.bp_stage import BPStage
 from growpipe.runtime.names import stage_actor_name
-from growpipe.runtime.stage_engine import StageEngine
+from growpipe.runtime.stage_engine import Slot, StageEngine
 
 BATCHES_AHEAD = 2
 """Mini-batches GPipe submits before waiting for the oldest one's optimizer steps."""
@@ -164,7 +164,7 @@ class BPPipelineEngine(StageEngine):
     def attach_block(self, block: Prepared, freeze: bool) -> None:
         if freeze:
             self._get_all([s.handle.freeze.remote(s.index) for s in self.slots], "freezing the earlier stages")
-        self.slots.append(block.handle)
+        self.slots.append(cast(Slot, block.handle))  # what prepare_block made
         k = len(self.slots)
         if self.one_f_one_b:  # every stage now runs one more forward ahead
             refs = [s.handle.set_depth.remote(k, i == k - 1) for i, s in enumerate(self.slots)]

@@ -160,7 +160,9 @@ class Pipeline:
         self.cfg = resolve_paths(cfg)  # paths from here: actors may run elsewhere
         self.resume = resume
         self.address = address
-        self.run_name = run_name or self.cfg.name
+        name = run_name or self.cfg.name
+        assert name is not None, "resolve_paths names every run"
+        self.run_name = name
         self.reserved = reserved
         self.dashboard_url: str | None = None
         self.controller: Any = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any
+from typing import Any, cast
 
 import ray
 from ray.util.placement_group import placement_group_table
@@ -146,7 +146,7 @@ class PipelineEngine(StageEngine):
         return Prepared(spec, f"{where} ({slot.block_name})", slot, cacheable=slot.host is None, extra=extra)
 
     def attach_block(self, block: Prepared, freeze: bool) -> None:
-        slot: Slot = block.handle
+        slot = cast(Slot, block.handle)
         if freeze:
             self._get_all([s.handle.freeze.remote(s.index) for s in self.slots], "freezing the earlier stages")
         if self.source:  # the rest of this epoch streams from the data again; the next one from a new cache
@@ -162,7 +162,7 @@ class PipelineEngine(StageEngine):
         self.keep_standby()
 
     def discard_block(self, block: Prepared) -> None:
-        slot: Slot = block.handle
+        slot = cast(Slot, block.handle)
         if slot.host is not None:
             with contextlib.suppress(ray.exceptions.RayError):
                 ray.get(slot.handle.drop_staged.remote(slot.index), timeout=30)

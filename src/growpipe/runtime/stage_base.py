@@ -147,7 +147,7 @@ class StageBase:
         """Stage 0: read evaluation batch `b` of `split` (in order, not shuffled) and run it through this
         stage's blocks (see eval_packet)."""
         p = batch_at(self._split(split), EVAL_BATCH, b, side_groups)
-        self._eval.setdefault("labels", {})[b] = p.y.cpu()
+        self._eval.setdefault("labels", {})[b] = p.labels().cpu()
         return self.eval_packet(p, threshold, last)
 
     @torch.no_grad()
@@ -164,6 +164,7 @@ class StageBase:
         if threshold != ALL_EXITS:
             if self._early is None:
                 self._early = EarlyExit(threshold, self.cfg.eval.confidence, last)
+            assert rows is not None, "batch_at numbers the rows of every evaluation packet"
             rest = early_exit_through(self._blocks(), p, rows, self._early, self.below)
             if rest is None:
                 return None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any
+from typing import Any, cast
 
 import ray
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
@@ -64,7 +64,8 @@ class StageEngine:
         self.slots: list[Slot] = []
         self.info: InputInfo | None = None
         self._shared_pg: Any = None
-        self._reserved_pg, self._next_bundle = reserved if reserved else (None, 0)
+        self._reserved_pg: Any = reserved[0] if reserved else None
+        self._next_bundle = reserved[1] if reserved else 0
         self._eval_bytes = {"activations": 0, "results": 0}
         self._early: dict[int, Slot] = {}  # stages open() started before their blocks were planned
         self._standby: tuple[int, Slot] | None = None  # (block index, slot): the next grown block's actor
@@ -178,7 +179,7 @@ class StageEngine:
         names_free([stage_actor_name(self.run_name, s.index) for s in self.slots if s.host is None])
 
     def discard_block(self, block: Prepared) -> None:
-        self._discard(block.handle)
+        self._discard(cast(Slot, block.handle))
 
     def _discard(self, slot: Slot) -> None:
         if slot.host is None:  # a packed block's host actor serves other blocks

@@ -20,7 +20,7 @@ import logging
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from ray import serve
@@ -187,10 +187,12 @@ def group_name(index: int) -> str:
 def build_app(args: dict[str, Any]) -> Any:
     """The application (Serve's import path growpipe.serve.app:build_app). args: {"stages": S} serves the
     blocks as S groups, chained by handles behind the ingress (default 1: the whole net in each replica)."""
+    # mypy keeps a decorated class's own type: @serve.deployment made these Deployments
+    ingress, group = cast(serve.Deployment, NetServer), cast(serve.Deployment, BlockGroup)
     stages = int(args.get("stages", 1))
     if stages < 2:
-        return NetServer.bind()
+        return ingress.bind()
     head = None
     for i in reversed(range(stages)):
-        head = BlockGroup.options(name=group_name(i)).bind(i, stages, head)
-    return NetServer.bind(head)
+        head = group.options(name=group_name(i)).bind(i, stages, head)
+    return ingress.bind(head)

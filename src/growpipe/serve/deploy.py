@@ -190,7 +190,7 @@ def follow(source: Source, options: ServeOptions, say: Callable[[str], None] = p
     assert store is not None
     mine = claims is None
     claims = claims or Claims(store)
-    serving, refused = source.ref, set()
+    serving, refused = source.ref, set[str]()
     claims.hold(serving)
     try:
         while not stop():

@@ -166,6 +166,7 @@ class SweepRecord:
             from mlflow.tracking import MlflowClient
 
             self.client = MlflowClient(tracking_uri=self.uri)
+            assert cfg.tracking.experiment is not None, "resolve_paths names the experiment"
             self.experiment_id = experiment_id(self.client, cfg.tracking.experiment, self.uri)
             if run_id is not None:
                 self.client.update_run(run_id, status="RUNNING")
@@ -202,6 +203,7 @@ class SweepRecord:
             return
         from growpipe.tune.ends import end_trial_run, trial_runs  # lazy: it imports ray.tune (about 2 s)
 
+        assert self.experiment_id is not None, "found before the sweep run was made"
         try:
             for run in trial_runs(self.client, self.experiment_id, self.run_id):
                 status, reason = outcomes.get(run.info.run_name, ("KILLED", others))
@@ -440,7 +442,7 @@ def _finish(
     spec: SweepSpec, base: dict[str, Any], grid: Any, record: SweepRecord, out: Path, say: Callable[[str], None]
 ) -> dict[str, Any]:
     """Results table, best config YAML, parent-run metrics."""
-    trials = []
+    trials: list[dict[str, Any]] = []
     for r in grid:
         trials.append({
             "trial": (r.metrics or {}).get("trial_id") or (r.path.rsplit("/", 1)[-1] if r.path else "?"),

@@ -50,6 +50,7 @@ class ALBlock(Block):
         code = rule.al.code_dim
         self.first = spec.index == 0
         label_in = spec.num_classes if self.first else code
+        bridge: nn.Module
         if rule.al.bridge_hidden:
             bridge = nn.Sequential(
                 nn.Linear(self.head_dim, rule.al.bridge_hidden),
@@ -75,7 +76,7 @@ class ALBlock(Block):
     def label_input(self, p: Packet) -> torch.Tensor:
         """t_{i-1}: the one-hot class for block 1, the previous block's code above."""
         if self.first:
-            return F.one_hot(p.y, self.spec.num_classes).float()
+            return F.one_hot(p.labels(), self.spec.num_classes).float()
         if p.t is None:
             raise ValueError(f"AL block {self.index} needs the label code t from block {self.index - 1}")
         return p.t
@@ -86,7 +87,7 @@ class ALBlock(Block):
         t_prev = self.label_input(p)
         t = m["g"](t_prev)
         assoc = association_loss(m["b"](self.features(s, mask)), t, self.reduction)
-        ae = autoencoder_loss(m["h"](t), t_prev, p.y, self.first, self.reduction)
+        ae = autoencoder_loss(m["h"](t), t_prev, p.labels(), self.first, self.reduction)
         metrics = self.learn({"assoc": assoc, "ae": ae})  # disjoint parameter sets: f+b get only assoc, g+h only ae
         out = Packet(x=s.detach(), y=p.y, t=t.detach(), mask=mask, side=side, index=p.index)
         return out, metrics
@@ -115,4 +116,4 @@ class ALBlock(Block):
         return count_macs(self.modules["h"], lambda m: m(torch.zeros(2, self._code_dim())), 2)
 
     def _code_dim(self) -> int:
-        return self.modules["g"][0].out_features
+        return next(m for m in self.modules["g"].modules() if isinstance(m, nn.Linear)).out_features

@@ -55,7 +55,7 @@ def train_chain(blocks: list[BPBlock], p: Packet) -> tuple[Packet, dict[str, flo
             p = b.forward(p) if b.frozen else b.forward_with_grad(p)
         with last.computing():
             logits = last.modules["cls"](last.features(p.x, p.mask))
-            loss = F.cross_entropy(logits, p.y)
+            loss = F.cross_entropy(logits, p.labels())
         try:
             metrics = guarded_update({"ce": loss}, [b.optimizers["all"] for b in trainable], last.on_nonfinite,
                                      grad_clip=last.grad_clip)  # fmt: skip

@@ -67,9 +67,9 @@ class SCPLBlock(Block):
         s, mask, side = self.encode(p)
         feats = self.features(s, mask)
         z = F.normalize(self.modules["proj"](feats), dim=1)
-        contrast = supcon_loss(z, p.y, self.temperature)
+        contrast = supcon_loss(z, p.labels(), self.temperature)
         losses = {"supcon": contrast}
         if "cls" in self.modules:
-            losses["ce"] = F.cross_entropy(self.modules["cls"](feats.detach()), p.y)
+            losses["ce"] = F.cross_entropy(self.modules["cls"](feats.detach()), p.labels())
         metrics = self.learn(losses)
         return Packet(x=s.detach(), y=p.y, mask=mask, side=side, index=p.index), metrics

@@ -1,0 +1,79 @@
+"""The end of a run: model selection (back to the best epoch's checkpoint), the result JSON, and the trained
+net, gathered only where one is asked for (a block may be as big as its worker)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from growpipe.checkpoint import CheckpointStore
+from growpipe.config import RunConfig
+from growpipe.loop.engine import Engine
+from growpipe.loop.record import RunRecord
+from growpipe.nn.net import GrowableNet
+from growpipe.nn.specs import BlockSpec, InputInfo
+from growpipe.report import summarize
+
+
+def select_best(rec: RunRecord, store: CheckpointStore | None, engine: Engine,
+                say: Callable[[str], None]) -> tuple[int | None, bool]:  # fmt: skip
+    """Model selection at the end: back to the best epoch's checkpoint when a later epoch was worse on the
+    validation split. Returns (the epoch whose net the result is, None without a validation split; whether the
+    engine's blocks were restored)."""
+    last = rec.history[-1] if rec.history else None
+    if last is None or last["val_accuracy"] is None:
+        return None, False
+    best = rec.best
+    if best is None or best["path"] is None or best["epoch"] == last["epoch"] or store is None:
+        return last["epoch"], False
+    manifest = store.read_manifest(best["path"])
+    engine.restore(store, best["path"], manifest["shards"])
+    say(f"best   epoch {best['epoch']} (val {best['val_accuracy']:.4f}) restored: the last, epoch "
+        f"{last['epoch']}, had val {last['val_accuracy']:.4f}")  # fmt: skip
+    return int(best["epoch"]), True
+
+
+def run_summary(cfg: RunConfig, engine: Engine, rec: RunRecord, depth: int, ev: dict[str, Any],
+                extra: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """The result JSON (report.summarize) with the engine's figures, the per-stage totals, and `extra`."""
+    summary = summarize(cfg, depth, rec.history, rec.growth, ev, rec.train_seconds, rec.samples)
+    summary["runtime"] = engine.name
+    if engine.stage_table:
+        rows = [rec.totals[i].row() for i in sorted(rec.totals)]
+        hops = sorted(r["hop_ms_median"] for r in rows if r["hop_ms_median"] is not None)
+        summary["stages"] = rows
+        summary["hop_overhead_ms"] = hops[len(hops) // 2] if hops else None
+    summary.update(engine.extras())
+    summary["frozen_unchanged"] = rec.watch.unchanged(engine.checksums())
+    summary.update(growth_skipped=rec.growth_skipped, prefix_caches=rec.caches, restarts=rec.restarts, **extra)
+    return summary
+
+
+class FinalNet:
+    """The trained net after FINISHED: the engine's own (the reference trainer), or built here from every
+    block's state once `gather` took them from the workers."""
+
+    def __init__(self) -> None:
+        self.states: list[dict[str, Any]] | None = None
+        self.net: GrowableNet | None = None
+
+    def gather(self, engine: Engine, wanted: bool) -> None:
+        """Take every block's state from the workers when a whole net is `wanted`."""
+        if engine.net is None and wanted:
+            self.states = engine.final_states()
+
+    def built(self, cfg: RunConfig, engine: Engine, info: InputInfo | None, specs: list[BlockSpec]) -> GrowableNet:
+        if self.net is None:
+            self.net = engine.net
+        if self.net is None:
+            assert info is not None and self.states is not None
+            self.net = GrowableNet.from_states(cfg.rule(), info, [s.to_dict() for s in specs], self.states)
+        return self.net
+
+    def exported(self, cfg: RunConfig, engine: Engine, info: InputInfo | None,
+                 specs: list[BlockSpec]) -> dict[str, Any] | None:  # fmt: skip
+        """The topology, the input description and every block's state (None: nothing was gathered)."""
+        if self.states is None and engine.net is None:
+            return None
+        states = self.states if self.states is not None else self.built(cfg, engine, info, specs).state_dict()["blocks"]
+        return {"topology": [s.to_dict() for s in specs], "info": info, "states": states}
