@@ -20,12 +20,12 @@ from growpipe.checkpoint import (
     CLAIM_TTL_S,
     CheckpointStore,
     claim_holds,
-    config_differences,
     prune_plan,
     run_folder_problem,
 )
 from growpipe.errors import CheckpointError
 from growpipe.resume import plan_resume
+from growpipe.saved_config import config_differences
 
 
 def _state(v: float) -> dict:

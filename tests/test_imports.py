@@ -294,3 +294,12 @@ def test_the_checks_see_cycles_and_lazy_imports(tmp_path: Path) -> None:
         "    pkg.low line 5 imports pkg.sub",
     ]
     assert unexplained_lazy(imports, pkg) == ["pkg/heavy.py:10: import csv", "pkg/sub/high.py:6: import json"]
+
+
+MAX_LINES = 600
+
+
+def test_every_module_is_small() -> None:
+    """One job per module: none reaches MAX_LINES (split it along its seams, as config/ and data/ were)."""
+    big = {str(p.relative_to(SRC)): n for p in SRC.rglob("*.py") if (n := len(p.read_text().splitlines())) >= MAX_LINES}
+    assert not big, f"modules of {MAX_LINES}+ lines: {big}"

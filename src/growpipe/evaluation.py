@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from growpipe.checkpoint import check_input_matches, load_net
+from growpipe.checkpoint import load_net
 from growpipe.config import EvalSpec, RunConfig, apply_overrides, config_and_problems
 from growpipe.data import DataBundle, iterate_batches, load_data
 from growpipe.data.presence import data_problem
@@ -26,6 +26,7 @@ from growpipe.nn.net import GrowableNet
 from growpipe.nn.specs import InputInfo
 from growpipe.outputs import Kind, check_outputs
 from growpipe.prepare import refuse
+from growpipe.saved_config import check_input_matches
 
 EVAL_BATCH = 512
 

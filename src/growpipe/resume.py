@@ -7,10 +7,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from growpipe.checkpoint import CheckpointRef, CheckpointStore, config_differences, keeping_added_fields
+from growpipe.checkpoint import CheckpointRef, CheckpointStore
 from growpipe.config import RunConfig, apply_overrides, build_config, check_run_name, load_config
 from growpipe.envvars import extra_overrides
 from growpipe.errors import CheckpointError
+from growpipe.saved_config import config_differences, keeping_added_fields
 from growpipe.workdir import absolute
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from growpipe import signals
-from growpipe.checkpoint import CheckpointStore, check_input_matches, run_folder_problem
+from growpipe.checkpoint import CheckpointStore, run_folder_problem
 from growpipe.config import GrowStep, RunConfig
 from growpipe.errors import CheckpointError, NonFiniteError, describe
 from growpipe.growth import GrowthPlan, grow_refusal, growth_event, note_epoch
@@ -32,6 +32,7 @@ from growpipe.nn.inference import chosen_threshold
 from growpipe.nn.net import GrowableNet, plan_blocks, plan_growth_block
 from growpipe.nn.specs import BlockSpec, InputInfo
 from growpipe.report import epoch_row
+from growpipe.saved_config import check_input_matches
 
 Say = Callable[[str], None]
 
