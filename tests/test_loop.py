@@ -32,6 +32,7 @@ from growpipe.loop.progress import PositionFeed
 from growpipe.loop.record import RunRecord
 from growpipe.loop.stats import StageStats, merge_by_stage
 from growpipe.nn.specs import InputInfo
+from growpipe.runtime.names import stage_actor_name
 from tests.conftest import tiny_config
 
 BATCHES = 10
@@ -518,3 +519,8 @@ def test_the_position_feed_pushes_only_while_an_epoch_is_open_and_at_most_every_
     feed.every_s = 3600.0
     feed.push(1, 5)
     assert len(pushed) == 1  # within the period
+
+
+def test_each_launch_of_a_blocks_actor_has_a_name_of_its_own():
+    """A replacement (recovery, a standby started again) never waits for Ray to free the name it replaces."""
+    assert [stage_actor_name("r", 1, n) for n in range(3)] == ["r/stage1", "r/stage1.1", "r/stage1.2"]

@@ -25,7 +25,6 @@ from growpipe.nn.specs import BlockSpec
 from growpipe.runtime.async_bp import AsyncBPStage, check_1f1b, submit_epoch
 from growpipe.runtime.bp_checks import bp_problems
 from growpipe.runtime.bp_stage import BPStage
-from growpipe.runtime.names import stage_actor_name
 from growpipe.runtime.stage_engine import Slot, StageEngine
 
 BATCHES_AHEAD = 2
@@ -158,7 +157,7 @@ class BPPipelineEngine(StageEngine):
             self._discard(slot)
             raise
         return Prepared(spec, f"stage actor {spec.index} ({slot.block_name})", slot, cacheable=False,
-                        extra={"stage": stage_actor_name(self.run_name, spec.index), "packed": False,
+                        extra={"stage": slot.name, "packed": False,
                                "standby": slot.ahead})  # fmt: skip
 
     def attach_block(self, block: Prepared, freeze: bool) -> None:

@@ -9,9 +9,11 @@ import ray
 from growpipe.runtime import NAMESPACE
 
 
-def stage_actor_name(run_name: str, index: int) -> str:
-    """The name of the stage actor of block `index` of run `run_name` (in the growpipe namespace)."""
-    return f"{run_name}/stage{index}"
+def stage_actor_name(run_name: str, index: int, launch: int = 0) -> str:
+    """The name of the stage actor of block `index` of run `run_name` (in the growpipe namespace): `RUN/stageK`
+    for its first actor, `RUN/stageK.N` for the N-th after it (a replacement, a standby started again), so
+    that no launch waits for Ray to free the name of the actor it replaces."""
+    return f"{run_name}/stage{index}" + (f".{launch}" if launch else "")
 
 
 def names_free(names: list[str], timeout_s: float = 30.0) -> bool:

@@ -22,7 +22,6 @@ from growpipe.loop.engine import EpochPart, Poll, Prepared
 from growpipe.loop.policies import pack_host
 from growpipe.loop.topology import Layout, TopologyView
 from growpipe.nn.specs import BlockSpec
-from growpipe.runtime.names import stage_actor_name
 from growpipe.runtime.stage import Stage
 from growpipe.runtime.stage_engine import Slot, StageEngine, ray_error
 from growpipe.runtime.transport import TransportGroup, run_backend
@@ -83,7 +82,9 @@ class PipelineEngine(StageEngine):
         return i if host is None else host
 
     def _packed(self, host: int) -> Slot:
-        return Slot(self.slots[host].handle, None, owns_pg=False, host=host)
+        slot = Slot(self.slots[host].handle, None, owns_pg=False, host=host)
+        slot.name = self.slots[host].name
+        return slot
 
     def _own(self) -> list[Slot]:
         return [s for s in self.slots if s.host is None]
@@ -139,9 +140,8 @@ class PipelineEngine(StageEngine):
         except Exception:
             self._discard(slot)
             raise
-        actor = spec.index if slot.host is None else slot.host
         where = f"stage actor {spec.index}" if slot.host is None else f"packed into stage actor {slot.host}"
-        extra = {"stage": stage_actor_name(self.run_name, actor), "packed": slot.host is not None,
+        extra = {"stage": slot.name, "packed": slot.host is not None,
                  "standby": slot.ahead}  # fmt: skip
         return Prepared(spec, f"{where} ({slot.block_name})", slot, cacheable=slot.host is None, extra=extra)
 

@@ -20,7 +20,7 @@ from growpipe.nn.backbones import FEATURE_FAMILIES
 from growpipe.nn.inference import Exited, ExitPredictions, early_exit_report, evaluate_exits, exit_costs
 from growpipe.nn.net import GrowableNet
 from growpipe.nn.specs import BlockSpec, InputInfo
-from growpipe.runtime.names import names_free, stage_actor_name
+from growpipe.runtime.names import stage_actor_name
 from growpipe.runtime.placement import in_bundle, make_stage_pg, stage_bundle
 from growpipe.runtime.stage_base import ALL_EXITS
 from growpipe.runtime.transport import actor_options
@@ -39,6 +39,7 @@ class Slot:
         self.home: tuple[Any, int, bool] | None = (pg, bundle, owns_pg) if host is None else None
         self.spec: BlockSpec | None = None
         self.block_name = "?"
+        self.name = ""  # its actor's name (growpipe.runtime.names.stage_actor_name)
         self.ahead = False  # started before its block was asked for (grow.standby)
 
     @property
@@ -69,6 +70,7 @@ class StageEngine:
         self._eval_bytes = {"activations": 0, "results": 0}
         self._early: dict[int, Slot] = {}  # stages open() started before their blocks were planned
         self._standby: tuple[int, Slot] | None = None  # (block index, slot): the next grown block's actor
+        self._launches: dict[int, int] = {}  # actors started so far per block: each gets a name of its own
 
     # ---- placement ------------------------------------------------------------------------------------
     def open(self, layout: dict[str, Any] | None = None) -> tuple[InputInfo, dict[str, Any]]:
@@ -113,9 +115,13 @@ class StageEngine:
         groups = getattr(self.actor_class, "CONCURRENCY_GROUPS", None)
         remote = {**({"concurrency_groups": dict(groups)} if groups else {}), **actor_options(self.cfg)}
         actor = ray.remote(**remote)(self.actor_class) if remote else ray.remote(self.actor_class)
-        name = stage_actor_name(self.run_name, index)
+        launch = self._launches.get(index, 0)
+        self._launches[index] = launch + 1
+        name = stage_actor_name(self.run_name, index, launch)
         opts = in_bundle(actor, self.cfg, pg, bundle_index, name=name, max_concurrency=1)
-        return Slot(opts.remote(index, self.cfg), pg, owns_pg, bundle_index)
+        slot = Slot(opts.remote(index, self.cfg), pg, owns_pg, bundle_index)
+        slot.name = name
+        return slot
 
     # ---- the standby: the next grown block's actor, started ahead (grow.standby) -----------------------
     def keep_standby(self) -> None:
@@ -153,18 +159,15 @@ class StageEngine:
         self.drop_standby()
         return None
 
-    def drop_standby(self, reuse_name: bool = True) -> None:
-        """Kill the standby and release its bundle (a recovery needs the room; the run ends); `reuse_name`: wait
-        until Ray frees its actor's name (another actor for that block follows)."""
+    def drop_standby(self) -> None:
+        """Kill the standby and release its bundle (a recovery needs the room; the run ends)."""
         if self._standby is None:
             return
-        index, slot = self._standby
+        _, slot = self._standby
         self._standby = None
         self._discard(slot)
         if not slot.owns_pg and slot.bundle == self._next_bundle - 1:
             self._next_bundle -= 1  # the reserved bundle goes to the next launch again
-        if reuse_name:
-            names_free([stage_actor_name(self.run_name, index)])
 
     def _resources_text(self) -> str:
         b = stage_bundle(self.cfg, ray.cluster_resources().get("GPU", 0) > 0)
@@ -176,7 +179,6 @@ class StageEngine:
             if slot.host is None:
                 with contextlib.suppress(Exception):  # already dead
                     ray.kill(slot.handle, no_restart=True)
-        names_free([stage_actor_name(self.run_name, s.index) for s in self.slots if s.host is None])
 
     def discard_block(self, block: Prepared) -> None:
         self._discard(cast(Slot, block.handle))
@@ -304,7 +306,7 @@ class StageEngine:
 
     def stop(self) -> None:
         """Kill every stage actor and release every placement group (they outlive the actor that made them)."""
-        self.drop_standby(reuse_name=False)
+        self.drop_standby()
         for slot in [*self.slots, *self._early.values()]:
             with contextlib.suppress(Exception):  # already dead
                 ray.kill(slot.handle, no_restart=True)
