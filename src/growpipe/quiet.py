@@ -68,6 +68,13 @@ def quiet_libraries() -> None:
             logger.addFilter(_DropNotNews(texts))
 
 
+def drop_serve_teardown() -> None:
+    """From here on, drop what Ray Serve says in this process: `growpipe serve` is stopping, and a handle's
+    request still in flight failing as its replica goes ("temporarily unavailable"), or its callback finding
+    Ray shut down (a traceback), is the stop itself."""
+    logging.getLogger("ray.serve").addFilter(lambda _record: False)
+
+
 RAY_JOB_ACTORS = ("JobSupervisor",)
 """Ray's own actors on a cluster with jobs (`ray job submit`): each job's supervisor says the job's end at INFO,
 and Ray hands such lines (they belong to no job) to every driver on the cluster, another job's too."""

@@ -156,7 +156,12 @@ def replica_status() -> dict[str, Any]:
     """What a replica of the application serves: {source, version, refused}."""
     from ray import serve
 
-    return serve.get_deployment_handle(INGRESS, APP).status.remote().result(timeout_s=60)
+    response = serve.get_deployment_handle(INGRESS, APP).status.remote()
+    try:
+        return response.result(timeout_s=60)
+    except BaseException:  # a stop (SIGTERM, Ctrl-C) while it waits: nothing is left in flight for the shutdown
+        response.cancel()
+        raise
 
 
 def wait_until_serving(source: str, timeout_s: float = 300.0, poll_s: float = 0.2) -> dict[str, Any]:

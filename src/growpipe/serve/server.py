@@ -15,6 +15,7 @@ from ray import serve
 
 from growpipe.config import build_config
 from growpipe.errors import InputError
+from growpipe.quiet import drop_serve_teardown
 from growpipe.runtime.pipeline import connect
 from growpipe.serve.deploy import (
     APP,
@@ -88,4 +89,5 @@ def run(source: Source, options: ServeOptions, *, follow_run: bool, address: str
         if owns:  # an embedded Ray takes Serve with it; a joined one is only disconnected from
             # a Serve handle still polling would start a new local Ray (ray.init from its thread) after this
             ray._private.auto_init_hook.enable_auto_connect = False
+            drop_serve_teardown()
             ray.shutdown()
