@@ -94,6 +94,34 @@ def test_growth_benchmark_quick_writes_every_key_and_a_plot(tmp_path: Path):
 
 
 @pytest.mark.usefixtures("ray_session")
+def test_grow_latency_benchmark_times_requests_to_a_running_pipeline(tmp_path: Path):
+    """The local-learning pipeline only: GPipe, 1F1B and DDP go through the same measurement, and DDP's worker
+    groups starting again at every growth would add half a minute."""
+    out = tmp_path / "grow.json"
+    _run_bench("grow_latency", ["--engines", "pipeline", "--requests", "2", "--pause", "0", "--json-out", str(out)])
+    r = json.loads(out.read_text())
+    (engine,) = r["engines"]
+    for key in ("answer_p50_s", "answer_p95_s", "first_step_p50_s", "first_step_p95_s", "pauses_at", "standby",
+                "epoch_s", "rows", "epoch_seconds", "load_1min"):  # fmt: skip
+        assert key in engine
+    assert engine["engine"] == "pipeline" and [row["block"] for row in engine["rows"]] == [2, 3]
+    assert 0 < engine["answer_p50_s"] <= engine["answer_p95_s"] and engine["first_step_p50_s"] > 0
+    assert all(isinstance(row["standby"], bool) for row in engine["rows"])
+    assert r["settings"]["requests"] == 2 and r["settings"]["quantiles"] == "nearest rank"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [(["--engines", "pipeline,nosuch"], "--engines: unknown ['nosuch']"), (["--requests", "0"], "--requests must be 1"),
+     (["--set", "grow.nosuch=1"], "grow.nosuch: unknown field")],
+)  # fmt: skip
+def test_grow_latency_benchmark_refuses_bad_input_before_training(argv: list[str], message: str, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        _bench_module("grow_latency").main(argv)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("ray_session")
 def test_compare_benchmark_quick_each_runner_ratios_plot_and_results_section(tmp_path: Path):
     compare = _bench_module("compare")
     results = tmp_path / "RESULTS.md"

@@ -17,6 +17,7 @@ BENCHES = {
     "data": "data.py",
     "elastic": "elastic.py",
     "growth": "growth.py",
+    "grow-latency": "grow_latency.py",
     "guard": "guard.py",
     "lstm-pooling": "lstm_pooling.py",
     "lstm-speed": "lstm_speed.py",
@@ -212,7 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "pipeline: Ray pipeline vs sequential, BP, torch GPipe; "
                     "reference: accuracy and seconds/epoch per learning rule; growth: accuracy across growth, "
                     "the frozen-prefix cache, adaptive exits; elastic: a node lost and joined on a 3-raylet "
-                    "cluster (seconds to shrink and to spread out, samples/s); data: stage 0's reader per format "
+                    "cluster (seconds to shrink and to spread out, samples/s); grow-latency: a grow request's "
+                    "answer per engine (p50 / p95 seconds); data: stage 0's reader per format "
                     "against its block, peak RSS against dataset size; text-ablation: the seeds' text settings one "
                     "at a time; text-sets: short-text and binary sets derived from 20 Newsgroups; text-bar: the "
                     "text recipe's rules against the classical bar per text set; text-ceiling: a linear model on the "
