@@ -128,7 +128,7 @@ class StageEngine:
         """Start the actor of block len(slots) now when policies.want_standby says so; nothing waits for it."""
         if self._standby is not None:
             return
-        bundle = stage_bundle(self.cfg, ray.cluster_resources().get("GPU", 0) > 0)
+        bundle = self._bundle()
         if self._reserved_pg is not None:  # a Tune trial's bundles are reserved for its growth already
             available = bundle if self._next_bundle < len(self._reserved_pg.bundle_specs) else {}
         else:
@@ -169,8 +169,12 @@ class StageEngine:
         if not slot.owns_pg and slot.bundle == self._next_bundle - 1:
             self._next_bundle -= 1  # the reserved bundle goes to the next launch again
 
+    def _bundle(self) -> dict[str, float]:
+        """One stage's resources on this cluster (a GPU each when it has GPUs)."""
+        return stage_bundle(self.cfg, ray.cluster_resources().get("GPU", 0) > 0)
+
     def _resources_text(self) -> str:
-        b = stage_bundle(self.cfg, ray.cluster_resources().get("GPU", 0) > 0)
+        b = self._bundle()
         return ", ".join(f"{v:g} {k}" for k, v in b.items()) + " per stage"
 
     def _kill_all(self) -> None:
