@@ -119,7 +119,7 @@ def measure(name: str, n: int, augment: bool) -> dict[str, Any]:
     samples = sum(p.batch_size for p in iterate_batches(bundle.train, BATCH, shuffle=True, epoch=1, augment=True))
     reader = samples / (time.perf_counter() - t0)
     info = InputInfo.from_bundle(bundle)
-    block = build_block(cfg.rule(), plan_blocks(cfg.net, cfg.method, info)[0], info)
+    block = build_block(cfg.rule(), plan_blocks(cfg.net, cfg.rule(), info)[0], info)
     busy = 0.0
     t0 = time.perf_counter()
     for p in iterate_batches(bundle.train, BATCH, shuffle=True, epoch=2, augment=True):

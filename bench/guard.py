@@ -59,9 +59,9 @@ def measure(method: str, width: int, steps: int, repeats: int) -> dict:
     cfg = build_config({"method": method, "net": {"width": width, "blocks": 2}, "data": {"batch_size": 64}})
     bundle = load_data(cfg.data, cfg.seed)
     info = InputInfo.from_bundle(bundle, cfg.net)
-    spec = plan_blocks(cfg.net, method, info)[0]
+    spec = plan_blocks(cfg.net, cfg.rule(), info)[0]
     if method == "bp":  # a BP block trains alone only when it carries the classifier
-        spec = plan_blocks(cfg.net.model_copy(update={"blocks": 1}), method, info)[0]
+        spec = plan_blocks(cfg.net.model_copy(update={"blocks": 1}), cfg.rule(), info)[0]
     block = build_block(cfg.rule(), spec, info)
     packets = list(iterate_batches(bundle.train, 64, shuffle=True, seed=0))
     step_ms(block, packets, steps)  # warm-up

@@ -74,7 +74,7 @@ def block_steps_ms(widths: tuple[int, ...], batch_size: int) -> list[float]:
     info = InputInfo.from_bundle(load_data(cfg.data))
     y = torch.arange(batch_size) % 10
     out = []
-    for spec in plan_blocks(cfg.net, cfg.method, info):
+    for spec in plan_blocks(cfg.net, cfg.rule(), info):
         block = build_block(cfg.rule(), spec, info)
         x = torch.randn(batch_size, *(info.shape if spec.index == 0 else (widths[spec.index - 1],)))
         times = []

@@ -73,7 +73,7 @@ def _build_blocks(cfg: RunConfig) -> tuple[Any, Any, list[Any], list[Any]]:
 
     bundle = load_data(cfg.data)
     info = InputInfo.from_bundle(bundle)
-    specs = plan_blocks(cfg.net, cfg.method, info)
+    specs = plan_blocks(cfg.net, cfg.rule(), info)
     return bundle, info, specs, [build_block(cfg.rule(), s, info) for s in specs]
 
 

@@ -126,17 +126,19 @@ def mlflow_db(tmp_path: Path, _mlflow_template: Path) -> str:
     return f"sqlite:///{tmp_path / 'mlflow.db'}"
 
 
-def actor_exists(name: str) -> bool:
-    """Whether a named growpipe actor (a run's controller "NAME" or stage "NAME/stageI") is alive."""
+def run_actors(run: str) -> list[str]:
+    """The names of run `run`'s actors still alive: its controllers that answer ("RUN@ATTEMPT": the name of one
+    that exited can outlive it while handles to it exist) and its stage actors ("RUN@ATTEMPT/stageK", killed
+    outright: their names go with them)."""
     import ray
 
     from growpipe.runtime import NAMESPACE
+    from growpipe.runtime.names import controllers
 
-    try:
-        ray.get_actor(name, namespace=NAMESPACE)
-    except ValueError:
-        return False
-    return True
+    named = ray.util.list_named_actors(all_namespaces=True)
+    stages = [a["name"] for a in named if a.get("namespace") == NAMESPACE and a["name"].startswith(f"{run}@")
+              and "/stage" in a["name"]]  # fmt: skip
+    return [name for name, _, _ in controllers(run)] + stages
 
 
 def _session_ray() -> None:

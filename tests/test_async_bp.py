@@ -8,7 +8,7 @@ import pytest
 from growpipe.api import train
 from growpipe.errors import ConfigError
 from growpipe.local import train_local
-from growpipe.runtime.async_bp import one_f_one_b_order
+from growpipe.runtime.async_bp import Stretch, one_f_one_b_order
 from tests.conftest import tiny_config
 
 
@@ -22,6 +22,48 @@ def test_1f1b_order_runs_k_minus_i_minus_1_ahead_and_alternates():
             assert sum(1 for op, _ in ops[f:b] if op == "B") == min(k - i - 1, m)  # the staleness
         steady = ops[k - i - 1 : k - i - 1 + 6]
         assert [op for op, _ in steady] == ["F", "B"] * 3  # one forward, one backward
+
+
+class _Method:
+    """A stage actor's method as Stretch calls it: `remote` records (op, mini-batch) in the stage's submission
+    order and returns a stand-in ref."""
+
+    def __init__(self, stage: int, op: str, log: list[list[tuple[str, int]]]):
+        self.stage, self.op, self.log = stage, op, log
+
+    def remote(self, *args: object) -> tuple[int, str, object]:
+        batch = args[1] if self.op == "F" else args[0]
+        self.log[self.stage].append((self.op, batch))  # type: ignore[arg-type]
+        return (self.stage, self.op, batch)
+
+
+class _Stage:
+    def __init__(self, stage: int, log: list[list[tuple[str, int]]]):
+        self.forward, self.backward = _Method(stage, "F", log), _Method(stage, "B", log)
+
+
+@pytest.mark.parametrize("stop", [None, 0, 3])
+def test_a_stretch_submitted_a_few_batches_ahead_ends_early_as_a_shorter_stretchs_1f1b_order(stop):
+    """The engine's way (gpipe._1f1b): submit k+2 mini-batches ahead, one more as each is done; a pause after
+    `stop` are done ends the stretch after those stage 0 was given: every stage's calls are then exactly the
+    1F1B order of that shorter stretch (a prefix of the longer one's, then its drain)."""
+    k, n, first = 4, 12, 5
+    log: list[list[tuple[str, int]]] = [[] for _ in range(k)]
+    stretch = Stretch([_Stage(i, log) for i in range(k)], epoch=1, first=first, batches=n)
+    ahead = k + 2
+    stretch.submit(ahead)
+    assert [m for op, m in log[0] if op == "F"] == [first + m for m in range(ahead)]  # no forward past the window
+    done = 0
+    while done < stretch.batches:
+        if done == stop:
+            stretch.end_before(stretch.submitted)
+        stretch.submit(done + ahead)
+        assert stretch.last_call(done) == (0, "B", first + done)  # the mini-batch's last call
+        done += 1
+    length = n if stop is None else max(ahead, stop - 1 + ahead)  # what stage 0 had been given by then
+    assert stretch.batches == done == length
+    expected = one_f_one_b_order(k, length)
+    assert log == [[(op, first + m) for op, m in ops] for ops in expected]
 
 
 def _cfg(**runtime):

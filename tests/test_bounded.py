@@ -26,7 +26,7 @@ def test_the_guard_fails_a_stage_that_builds_a_block_it_was_not_given(monkeypatc
     monkeypatch.setattr(growpipe.faults, "guarded_stage", None)  # put back after the test
     cfg = tiny_config(threads=1)
     info = InputInfo.from_bundle(load_data(cfg.data), cfg.net)
-    specs = plan_blocks(cfg.net, cfg.method, info)
+    specs = plan_blocks(cfg.net, cfg.rule(), info)
     threads = torch.get_num_threads()
     try:  # a stage sets torch's threads to runtime.cpus_per_stage
         stage = Stage(1, cfg)

@@ -89,19 +89,50 @@ def test_resume_refuses_a_config_that_does_not_match_naming_the_field(tmp_path: 
     ]
 
 
+def _as_format_2(ckpt_dir: str | Path, drop: tuple[str, ...] = ()) -> None:
+    """Make checkpoint `ckpt_dir` as growpipe wrote it in format 2: no rule or architecture in the block specs
+    and, in the config, none of the dotted fields `drop` (fields added since it was written)."""
+    path = Path(ckpt_dir) / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["format_version"] = 2
+    manifest["topology"] = [{k: v for k, v in d.items() if k not in ("method", "arch")} for d in manifest["topology"]]
+    for dotted in drop:
+        section, key = dotted.split(".")
+        del manifest["config"][section][key]
+    path.write_text(json.dumps(manifest))
+
+
+def _tiny_transformer(method: str, **sections) -> tuple:
+    """A 2-block transformer net of `method` on 6-token text (untrained), its config and input."""
+    from growpipe.config import RunConfig
+    from growpipe.nn.net import GrowableNet
+    from growpipe.nn.specs import InputInfo
+
+    net = {"backbone": "transformer", "width": 8, "heads": 2, "blocks": 2, "embed_dim": 8}
+    cfg = RunConfig.model_validate({"name": "tf", "method": method, "net": {**net, **sections.pop("net", {})},
+                                    "scpl": {"proj_dim": 4}, "al": {"code_dim": 4}, **sections})  # fmt: skip
+    info = InputInfo(shape=(6,), dtype="long", num_classes=3, vocab_size=20)
+    return GrowableNet.build(cfg.rule(), cfg.net, info), cfg, info
+
+
 def test_a_checkpoint_older_than_a_config_field_resumes_as_it_ran(tmp_path: Path):
-    """A saved config without fields added since (net.input_norm and scpl.classifier_norm, whose defaults change
-    a transformer's blocks and an SCPL classifier; data.min_count, whose default changes nothing) resumes: the
-    first two keep the value the run had where they matter, the third takes its default."""
+    """A format-2 manifest whose config lacks fields added since (net.input_norm and scpl.classifier_norm, whose
+    defaults change a transformer's blocks and an SCPL classifier; data.min_count, whose default changes
+    nothing) resumes: the versioned reader gives the first two the value the run had where they matter (its
+    block specs take the rule's architecture, classifier_norm off), the third takes its default."""
     from growpipe.config import RunConfig, dump_config
 
     common = [f"checkpoint.uri={tmp_path}"]
     for name, net, method in (("tf", {"backbone": "transformer", "width": 8, "heads": 2}, "al"), ("dense", {}, "al"),
                               ("sc", {}, "dascpl")):  # fmt: skip
         config = RunConfig.model_validate({"name": name, "net": net, "method": method})
-        saved = config.model_dump(mode="json")
-        del saved["net"]["input_norm"], saved["data"]["min_count"], saved["scpl"]["classifier_norm"]
-        _write(CheckpointStore(str(tmp_path), name), 1, 0, 1, 1.0, config=saved)
+        store = CheckpointStore(str(tmp_path), name)
+        ref = _write(store, 1, 0, 1, 1.0, config=config.model_dump(mode="json"))
+        _as_format_2(ref.path, drop=("net.input_norm", "data.min_count", "scpl.classifier_norm"))
+        manifest = store.read_manifest(ref)
+        assert manifest["format_version"] == 3 and {d["method"] for d in manifest["topology"]} == {method}
+        if name == "sc":
+            assert all(d["arch"]["classifier_norm"] is False for d in manifest["topology"])
         cfg, ref = plan_resume(None, common, name)
         assert ref is not None and cfg.net.input_norm is (name != "tf") and cfg.data.min_count == 1
         assert cfg.scpl.classifier_norm is (name != "sc")
@@ -116,24 +147,77 @@ def test_a_checkpoint_older_than_a_config_field_resumes_as_it_ran(tmp_path: Path
                                                   r"the field to the checkpoint's value"):  # fmt: skip
             plan_resume(str(cfg_file), common, name)
         assert plan_resume(str(cfg_file), [*common, "net.input_norm=false"], name)[0].net.input_norm is False
+    manifest_file = Path(ref.path) / "manifest.json"
+    manifest_file.write_text(json.dumps({**json.loads(manifest_file.read_text()), "format_version": 1}))
+    with pytest.raises(CheckpointError, match=r"format 1, this growpipe reads 2 to 3 \(written by another growpipe"):
+        CheckpointStore(str(tmp_path), "sc").read_manifest(ref)  # the last one written
 
 
 def test_a_run_continuing_an_older_checkpoint_from_its_own_config_builds_the_blocks_as_saved(tmp_path: Path):
-    """continue_from (a Tune trial handed a checkpoint): the trial's config takes the checkpoint's values of the
-    fields added since it was written, so a transformer DASCPL net saved before them is rebuilt as it was."""
+    """continue_from (a Tune trial handed a checkpoint): a transformer DASCPL net saved in format 2 before
+    net.input_norm and scpl.classifier_norm existed is rebuilt as it was from the specs the versioned reader
+    gives, though the trial's config turns both on; the trial keeps its own config."""
+    from growpipe.checkpoint import save_net
     from growpipe.config import RunConfig
+    from growpipe.nn.methods import build_block
+    from growpipe.nn.specs import BlockSpec
     from growpipe.resume import continue_from
 
-    net = {"backbone": "transformer", "width": 8, "heads": 2}
-    saved = RunConfig.model_validate({"name": "old", "net": net, "method": "dascpl"}).model_dump(mode="json")
-    del saved["net"]["input_norm"], saved["scpl"]["classifier_norm"]
-    store = CheckpointStore(str(tmp_path), "old")
-    _write(store, 1, 0, 1, 1.0, config=saved)
-    trial = RunConfig.model_validate({"name": "old", "net": net, "method": "dascpl",
-                                      "checkpoint": {"uri": str(tmp_path)}})  # fmt: skip
-    assert trial.net.input_norm and trial.scpl.classifier_norm
-    cfg = continue_from(trial, store.latest().path)
-    assert cfg.net.input_norm is False and cfg.scpl.classifier_norm is False and cfg.net.width == 8
+    old, cfg, info = _tiny_transformer("dascpl", net={"input_norm": False}, scpl={"classifier_norm": False})
+    store = CheckpointStore(str(tmp_path), "tf")
+    path = store.dir_for(1, 0, 1)
+    save_net(path, old, cfg)
+    _as_format_2(path, drop=("net.input_norm", "scpl.classifier_norm"))
+    trial = RunConfig.model_validate({**cfg.model_dump(mode="json"), "checkpoint": {"uri": str(tmp_path)},
+                                      "net": {**cfg.net.model_dump(mode="json"), "input_norm": True},
+                                      "scpl": {"proj_dim": 4, "classifier_norm": True}})  # fmt: skip
+    run_cfg = continue_from(trial, path)
+    assert run_cfg.net.input_norm and run_cfg.scpl.classifier_norm
+    specs = [BlockSpec.from_dict(d) for d in store.read_manifest(path)["topology"]]
+    for spec, saved in zip(specs, old.blocks, strict=True):
+        block = build_block(run_cfg.rule(), spec, info)
+        assert block.modules.state_dict().keys() == saved.modules.state_dict().keys()
+        block.load_state_dict(saved.state_dict())  # strict: the same modules, shapes and optimizer
+    assert isinstance(block.modules["cls"], torch.nn.Linear)  # no LayerNorm before the classifier
+
+
+@pytest.mark.parametrize("method", ["dascpl", "al"])
+def test_a_checkpoint_rebuilds_its_net_whatever_its_saved_config_says(tmp_path: Path, method: str):
+    """The architecture is in the manifest's specs: with its saved config's architecture fields changed (the
+    rule's heads, net.input_norm, the method itself), evaluate / serve / the MLflow model (load_net), the
+    block groups of `serve --stages` and a resume's blocks (build_block under the changed config) are the net
+    that was saved: the same modules and the same outputs."""
+    from growpipe.checkpoint import load_net, save_net
+    from growpipe.config import build_config
+    from growpipe.nn.methods import build_block
+    from growpipe.nn.packet import Packet
+    from growpipe.nn.specs import BlockSpec
+    from growpipe.serve.groups import BlockGroupNet
+
+    net, cfg, info = _tiny_transformer(method)
+    save_net(tmp_path / "ck", net, cfg)
+    path = tmp_path / "ck" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    changed = manifest["config"]
+    changed["method"] = "scpl" if method == "al" else "al"
+    changed["net"]["input_norm"] = False
+    changed["scpl"].update(classifier_norm=False, proj_dim=32, projector="linear")
+    changed["al"].update(code_dim=32, bridge_hidden=8)
+    path.write_text(json.dumps(manifest))
+    x = torch.randint(2, 20, (5, 6))
+    want = net.exit_logits(Packet(x=x))
+
+    loaded, _ = load_net(tmp_path / "ck")
+    assert [b.modules.state_dict().keys() for b in loaded.blocks] == [b.modules.state_dict().keys() for b in net.blocks]
+    got = loaded.exit_logits(Packet(x=x))
+    assert got.keys() == want.keys() and all(torch.equal(got[d], want[d]) for d in want)
+    groups = [BlockGroupNet.load(tmp_path / "ck", 2, i) for i in range(2)]
+    assert [type(g.blocks[0]) for g in groups] == [type(b) for b in net.blocks]
+    resumed = build_config(changed, "the changed config")
+    for d, saved in zip(manifest["topology"], net.blocks, strict=True):
+        block = build_block(resumed.rule(), BlockSpec.from_dict(d), info)
+        block.load_state_dict(saved.state_dict())  # strict: the same modules and shapes
+        assert type(block) is type(saved)
 
 
 def test_process_killed_while_writing_a_checkpoint_leaves_the_previous_one_loadable(tmp_path: Path):

@@ -56,7 +56,7 @@ def test_checkpoint_round_trip_gives_identical_predictions(tmp_path: Path):
     cfg = tiny_config(method="dascpl", net={"backbone": "cnn", "widths": [4, 8]})
     r = train_local(cfg, progress=None)
     save_net(tmp_path / "ck", r.net, cfg)
-    net, manifest, _ = load_net(tmp_path / "ck")
+    net, manifest = load_net(tmp_path / "ck")
     x = r.bundle.test.x[:20]
     assert (net.predict(x) == r.net.predict(x)).all()
     assert manifest["topology"] == r.net.topology()

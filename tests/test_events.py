@@ -10,29 +10,33 @@ from typing import Any
 
 from growpipe.checkpoint import CheckpointStore
 from growpipe.local import LocalEngine
-from growpipe.loop.callbacks import RunCallback
 from growpipe.loop.loop import RunLoop
 from growpipe.runtime.events import RunEvents
 from tests.conftest import tiny_config
 
 
-class _HoldFirstPosition(RunCallback):
-    """Holds the loop at each epoch's first position until the follower has seen one of that epoch (it is
-    the newest event meanwhile), so the test sees a position in every epoch however the threads run."""
+class _HeldEngine(LocalEngine):
+    """Holds each epoch before its first batch, at its first position, until the follower has seen a position
+    of that epoch (the feed pushes it from its own thread meanwhile), so the test sees a position in every epoch
+    however the threads run."""
 
-    def __init__(self) -> None:
+    def __init__(self, cfg: Any) -> None:
+        super().__init__(cfg)
         self.seen = threading.Event()
         self.held: set[int] = set()
 
-    def on_position(self, position: dict[str, int]) -> None:
-        if position["epoch"] not in self.held:
-            self.held.add(position["epoch"])
+    def run_epoch(self, epoch: int, start_batch: int, stop_at: int | None, pause: Any) -> Any:
+        if epoch not in self.held:
+            self.held.add(epoch)
+            assert self.bundle is not None
+            self._position = (start_batch, -(-len(self.bundle.train) // self.cfg.data.batch_size))
             self.seen.wait(60)  # not seen by then: the test's own assertion says so
             self.seen.clear()
+        return super().run_epoch(epoch, start_batch, stop_at, pause)
 
 
-def _paced_loop(tmp_path: Path, epochs: int, *more: RunCallback) -> tuple[RunLoop, RunEvents, threading.Thread,
-                                                                          list[dict]]:  # fmt: skip
+def _paced_loop(tmp_path: Path, epochs: int, held: bool = False) -> tuple[RunLoop, RunEvents, threading.Thread,
+                                                                         list[dict]]:  # fmt: skip
     cfg = tiny_config(
         name="events",
         data={"limit_train": 256, "batch_size": 32},
@@ -43,10 +47,10 @@ def _paced_loop(tmp_path: Path, epochs: int, *more: RunCallback) -> tuple[RunLoo
     )
     events = RunEvents()
     events.paced = True
-    loop = RunLoop(cfg, LocalEngine(cfg), store=CheckpointStore(str(tmp_path), "events"),
-                   callbacks=[events, *more], say=events.say)  # fmt: skip
+    engine = _HeldEngine(cfg) if held else LocalEngine(cfg)
+    loop = RunLoop(cfg, engine, store=CheckpointStore(str(tmp_path), "events"), callbacks=[events], say=events.say)
     loop.epoch_gate = events.settled
-    loop.feed.every_s = 0.0  # pushed at every batch
+    loop.feed.every_s = 0.0  # as often as the feed pushes (loop.progress.SHORTEST_S)
     results: list[dict[str, Any]] = []
 
     def run() -> None:
@@ -59,8 +63,9 @@ def _paced_loop(tmp_path: Path, epochs: int, *more: RunCallback) -> tuple[RunLoo
 
 
 def test_a_paced_run_hands_each_epoch_with_its_boundary_checkpoint_and_waits_for_it(tmp_path: Path):
-    hold = _HoldFirstPosition()
-    loop, events, thread, results = _paced_loop(tmp_path, 3, hold)
+    loop, events, thread, results = _paced_loop(tmp_path, 3, held=True)
+    hold = loop.engine
+    assert isinstance(hold, _HeldEngine)
     store = CheckpointStore(str(tmp_path), "events")
     thread.start()
     epochs, positions, lines = [], [], []

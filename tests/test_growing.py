@@ -123,7 +123,8 @@ def test_requests_grow_a_running_job_one_at_a_time_bad_ones_change_nothing_a_fin
     ok, missing = done["ok"], done["missing"]
     assert ok.returncode == 0 and not ok.stderr.strip(), ok.stderr  # no refused tokens, no library lines
     assert f"grow   asking run growing on cluster {address} (recorded when the run started, " in ok.stdout, ok.stdout
-    cli_block = re.search(r"run growing: \+layer block (\d) -> \d blocks, stage actor growing/stage\d", ok.stdout)
+    answered = r"run growing: \+layer block (\d) -> \d blocks, stage actor growing@[0-9a-f]{8}/stage\d"  # RUN@ATTEMPT
+    cli_block = re.search(answered, ok.stdout)
     assert cli_block, ok.stdout
     assert missing.returncode == 2 and "no run named 'nosuch' on this cluster (running: growing)" in missing.stderr
     assert f"asked the Ray cluster at {address} (--address {address}): choose another with --address" in missing.stderr
@@ -167,7 +168,7 @@ def test_stage_zero_pauses_before_its_next_batch_and_resumes_there(tmp_path):
     info, _ = ray.get(stage.load_data.remote())
     from growpipe.nn.net import plan_blocks
 
-    ray.get(stage.setup.remote(plan_blocks(cfg.net, cfg.method, info)[0], info))
+    ray.get(stage.setup.remote(plan_blocks(cfg.net, cfg.rule(), info)[0], info))
     ref = stage.run_epoch.remote(1, ())
     while ray.get(stage.position.remote(), timeout=30)[0] < HOLD:  # until it waits at the gate
         time.sleep(0.05)
@@ -177,6 +178,14 @@ def test_stage_zero_pauses_before_its_next_batch_and_resumes_there(tmp_path):
     gate.touch()  # the rest of the epoch goes on past the gate
     rest, rest_paused_at = ray.get(stage.run_epoch.remote(1, (), paused_at), timeout=30)
     assert rest_paused_at is None and first.batches + rest.batches == 20
+    # the engine numbers its calls: a pause for call 7 that arrives before that call starts is kept (it has a
+    # concurrency group of its own); one that arrives after call 7 ended does not stop call 8
+    ray.get(stage.request_pause.remote(7), timeout=30)
+    early, early_paused_at = ray.get(stage.run_epoch.remote(2, (), 3, None, 7), timeout=30)
+    assert early_paused_at == 3 and early.batches == 0
+    ray.get(stage.request_pause.remote(7), timeout=30)
+    late, late_paused_at = ray.get(stage.run_epoch.remote(2, (), 3, None, 8), timeout=30)
+    assert late_paused_at is None and late.batches == 17
     ray.kill(stage)
 
 

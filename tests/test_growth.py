@@ -7,7 +7,7 @@ from growpipe.config import GrowStep
 from growpipe.data import iterate_batches, load_data
 from growpipe.errors import ShapeError
 from growpipe.local import train_local
-from growpipe.nn.methods import build_block
+from growpipe.nn.methods import block_arch, build_block
 from growpipe.nn.net import GrowableNet
 from growpipe.nn.specs import BlockSpec, EncoderSpec, InputInfo
 from tests.conftest import tiny_config
@@ -74,7 +74,7 @@ def test_append_rejects_a_block_whose_input_does_not_chain():
     info = InputInfo.from_bundle(bundle)
     net = GrowableNet.build(cfg.rule(), cfg.net, info)
     wrong = EncoderSpec("mlp", (100,), "float", {"width": 8, "layers": 1, "dropout": 0.0})
-    block = build_block(cfg.rule(), BlockSpec(2, wrong, True, 10), info)
+    block = build_block(cfg.rule(), BlockSpec(2, wrong, True, 10, "scpl", block_arch(cfg.rule())), info)
     with pytest.raises(ShapeError, match=r"takes input of shape \(100,\) but block 1 produces \(64,\)"):
         net.append(block)
 

@@ -194,7 +194,7 @@ def _bp_stages(cfg) -> tuple[list, InputInfo]:
     finally:
         torch.set_num_threads(threads)
     info, _ = stages[0].load_data()
-    for i, (st, spec) in enumerate(zip(stages, plan_blocks(cfg.net, "bp", info), strict=True)):
+    for i, (st, spec) in enumerate(zip(stages, plan_blocks(cfg.net, cfg.rule(), info), strict=True)):
         st.setup(spec, info, i == 1, *((2, False) if one_f_one_b else ()))
     return stages, info
 
@@ -259,7 +259,7 @@ def test_pipelined_bp_skips_a_non_finite_mini_batch_on_every_stage_or_stops_on_i
 def test_the_ray_pipeline_stops_at_the_reference_trainers_batch_naming_stage_block_epoch_and_batch():
     from growpipe.errors import PipelineError
     from growpipe.runtime.pipeline import Pipeline
-    from tests.conftest import actor_exists
+    from tests.conftest import run_actors
 
     cfg = tiny_config(name="diverges-on-ray", method="scpl", threads=1, train={"epochs": 2, "lr": 1e8})
     with pytest.raises(NonFiniteError) as reference:
@@ -268,7 +268,7 @@ def test_the_ray_pipeline_stops_at_the_reference_trainers_batch_naming_stage_blo
     with pytest.raises(PipelineError) as ray_run, Pipeline(cfg) as p:
         p.train(progress=None)
     assert str(ray_run.value) == f"{where}; {STOP_HINT}"
-    assert not actor_exists("diverges-on-ray/stage0") and not actor_exists("diverges-on-ray/stage1")
+    assert run_actors("diverges-on-ray") == []
 
 
 @pytest.mark.usefixtures("ray_session")

@@ -303,3 +303,13 @@ def test_every_module_is_small() -> None:
     """One job per module: none reaches MAX_LINES (split it along its seams, as config/ and data/ were)."""
     big = {str(p.relative_to(SRC)): n for p in SRC.rglob("*.py") if (n := len(p.read_text().splitlines())) >= MAX_LINES}
     assert not big, f"modules of {MAX_LINES}+ lines: {big}"
+
+
+LOOP_MAX_LINES = 350
+
+
+def test_the_run_loop_keeps_only_state_transitions() -> None:
+    """loop/loop.py is the states and their transitions; growth, checkpoints, failures and the end are components
+    of their own (loop/growing.py, checkpointing.py, recovery.py, ending.py), each with its tests."""
+    lines = len((SRC / "loop" / "loop.py").read_text().splitlines())
+    assert lines <= LOOP_MAX_LINES, f"loop/loop.py has {lines} lines (at most {LOOP_MAX_LINES}): move work out"

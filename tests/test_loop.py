@@ -16,8 +16,7 @@ from growpipe.checkpoint import CheckpointStore
 from growpipe.errors import CheckpointError
 from growpipe.growth import grow_refusal
 from growpipe.loop.callbacks import RunCallback
-from growpipe.loop.checkpointing import Checkpointer
-from growpipe.loop.engine import EpochPart, Prepared, WorkerLost
+from growpipe.loop.engine import EpochPart, Pause, Prepared, WorkerLost
 from growpipe.loop.loop import RunLoop
 from growpipe.loop.policies import (
     CheckpointTiming,
@@ -64,13 +63,13 @@ class FakeEngine:
         self.calls.append(("build", len(specs)))
         return f"fake net of {len(specs)} blocks"
 
-    def run_epoch(self, epoch, start_batch, stop_at, poll):
+    def run_epoch(self, epoch, start_batch, stop_at, pause):
         self.calls.append(("run_epoch", epoch, start_batch, stop_at))
         stats = StageStats(0, "fake")
         for b in range(start_batch, BATCHES):
             if self.on_batch:
                 self.on_batch(epoch, b)
-            if (stop_at is not None and b >= stop_at) or poll():
+            if (stop_at is not None and b >= stop_at) or pause.check():
                 return EpochPart([stats], stats.samples, b)
             if self.fail_at == (epoch, b):
                 self.fail_at = None
@@ -162,11 +161,11 @@ def _loop(cfg, engine, tmp_path: Path | None = None, **kw):
 
 def _ask_from_another_thread(loop: RunLoop, request: dict, keep: Callable[[dict], Any]) -> threading.Thread:
     """Send a grow request from a thread of its own (grow() waits for its answer, which goes to `keep`);
-    return once the loop has it queued."""
+    return once the loop has accepted it (queued, or taken at once to be placed)."""
     asker = threading.Thread(target=lambda: keep(loop.grow(request)))
     asker.start()
     deadline = time.monotonic() + 10
-    while loop.requests.orders.empty() and time.monotonic() < deadline:
+    while loop.requests.pending == 0 and time.monotonic() < deadline:
         time.sleep(0.01)
     return asker
 
@@ -229,8 +228,9 @@ def test_an_engine_that_places_while_training_trains_on_until_the_block_is_built
             askers.append(_ask_from_another_thread(loop, {"kind": "layer"}, answers.append))
         if (epoch, batch) == (1, 6) and not engine.gate.is_set():
             assert engine.preparing.wait(10) and loop.requests._placing is not None
+            placing = loop.requests._placing[1]
             engine.gate.set()
-            loop.requests._placing[1].join(10)  # built: the loop takes it at this batch's poll
+            placing.join(10)  # built: the pause is set, the engine stops before this batch
 
     engine = FakeEngine(on_batch=ask)
     engine.places_while_training = True
@@ -241,6 +241,68 @@ def test_an_engine_that_places_while_training_trains_on_until_the_block_is_built
     assert [d for e, b, d in engine.trained if e == 1][:6] == [2] * 6  # batches 3-5 trained during placement
     assert [d for e, b, d in engine.trained if e == 1][6:] == [3] * 4
     assert result["growth"][0]["batch"] == 6 and answers[0]["blocks"] == 3
+
+
+def test_a_pause_runs_a_forwarded_hook_once_whether_set_before_or_while_inside():
+    calls: list[str] = []
+    pause = Pause()
+    with pause.forwarded(lambda: calls.append("inside")):
+        assert calls == [] and not pause.requested
+        pause.set()
+        pause.set()
+    assert calls == ["inside"] and pause.requested
+    with pause.forwarded(lambda: calls.append("after")):  # set already: at once
+        assert calls == ["inside", "after"]
+    pause.set()
+    assert calls == ["inside", "after"]
+    left = Pause()
+    with left.forwarded(lambda: calls.append("left")):
+        pass
+    left.set()
+    assert calls == ["inside", "after"]  # a hook goes with the wait it was registered around
+    ready = iter([False, True])
+    between = Pause(lambda: next(ready))  # the loop's work between two batches: a block ready at the second
+    assert not between.check() and between.check() and between.requested and between.check()
+
+
+class WorkerEngine(FakeEngine):
+    """Trains in its "workers": the first part of epoch 1 only waits until the pause is forwarded to them
+    (nothing polls, no batch boundary passes on this thread), then says it stopped before batch 3."""
+
+    places_while_training = True
+
+    def __init__(self):
+        super().__init__()
+        self.waiting = threading.Event()
+        self.told = threading.Event()
+
+    def run_epoch(self, epoch, start_batch, stop_at, pause):
+        if (epoch, start_batch) != (1, 0):
+            return super().run_epoch(epoch, start_batch, stop_at, pause)
+        self.calls.append(("run_epoch", epoch, start_batch, stop_at))
+        with pause.forwarded(self.told.set):
+            self.waiting.set()
+            assert self.told.wait(10), "the grow request's pause never reached the workers"
+        self.trained += [(epoch, b, self.depth) for b in range(3)]
+        return EpochPart([StageStats(0, "fake", samples=24, batches=3)], 24, 3)
+
+
+def test_a_request_is_placed_when_it_arrives_and_its_pause_is_forwarded_to_the_workers():
+    engine = WorkerEngine()
+    loop, _ = _loop(_cfg(train={"epochs": 1}, grow={"max_blocks": 3}), engine)
+    answers: list[dict] = []
+
+    def ask() -> None:
+        assert engine.waiting.wait(10)
+        answers.append(loop.grow({"kind": "layer"}))
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    result = loop.run()
+    asker.join(10)
+    assert "error" not in result and answers and answers[0]["blocks"] == 3 and answers[0]["batch"] == 3
+    assert [d for e, b, d in engine.trained] == [2] * 3 + [3] * 7  # the new block from batch 3 on
+    assert ("prepare", 2) in engine.calls and result["growth"][0]["source"] == "request"
 
 
 def test_two_requests_never_pass_grow_max_blocks_while_the_first_is_being_placed():
@@ -470,55 +532,37 @@ def test_the_run_record_counts_epochs_notes_the_best_and_comes_back_from_its_man
     assert back.frozen == {0} and back.totals == {}
 
 
-def test_the_checkpointer_writes_numbered_restore_points_and_keeps_the_best_from_pruning(tmp_path: Path):
-    engine, seen = FakeEngine(), []
-
-    class Seen(RunCallback):
-        def on_checkpoint(self, ref):
-            seen.append(ref)
-
-    cfg = _cfg()
-    off = Checkpointer(cfg, None, engine, "r", [], say=lambda _line: None)
-    assert off.write(1, 0, dict) is None and not off.timing.enabled
-    store = CheckpointStore(str(tmp_path), "r", keep=1)
-    lines: list[str] = []
-    ck = Checkpointer(cfg, store, engine, "r", [Seen()], say=lines.append)
-    best = {"epoch": 1, "val_accuracy": 0.9, "path": None}
-    assert ck.write(1, 0, lambda: {"history": []}, best) >= 0
-    assert best["path"] == seen[0]["path"] and store.protected == {best["path"]}
-    ck.write(2, 0, lambda: {"history": []})
-    ck.write(3, 0, lambda: {"history": []})
-    assert [r["seq"] for r in seen] == [1, 2, 3] and lines[-1].startswith("ckpt   ")
-    assert Path(best["path"]).is_dir()  # kept past keep=1: it is the best epoch's
-    ck.forget_best()
-    assert store.protected == set()
-    later = Checkpointer(cfg, store, engine, "r", [], say=lambda _line: None)
-    later.restored(store.read_manifest(seen[-1]["path"]), None)
-    assert later.seq == 3  # numbering goes on past every folder of the run
+def _feed_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "growpipe-position"]
 
 
-def test_the_position_feed_pushes_only_while_an_epoch_is_open_and_at_most_every_period():
+def test_the_position_feed_pushes_from_its_own_thread_while_an_epoch_runs_and_never_after():
     pushed: list[dict] = []
+    got = threading.Event()
 
     class Bar(RunCallback):
         def on_position(self, position):
             pushed.append(position)
+            got.set()
 
     engine = FakeEngine()
     engine.position = lambda: (3, 10)
     feed = PositionFeed(engine, [Bar()], say=lambda _line: None)
-    feed.push(1, 5)
-    assert pushed == []  # every_s None: never
-    feed.every_s = 0.0
-    feed.push(1, 5)
-    assert pushed == []  # no epoch open
+    with feed.running(1, 5):
+        assert _feed_threads() == []  # every_s None: never
+    feed.every_s = 0.0  # as often as it may (SHORTEST_S)
     feed.open = True
-    feed.push(1, 5)
-    feed.push(None, 5)  # not training
-    assert pushed == [{"epoch": 1, "epochs": 5, "batch": 3, "batches": 10}]
+    with feed.running(2, 5):
+        assert got.wait(10)  # nothing drives it but its own thread
+    assert _feed_threads() == []  # ended with the epoch: nothing pushed after it
+    assert pushed[0] == {"epoch": 2, "epochs": 5, "batch": 3, "batches": 10} and pushed == [pushed[0]] * len(pushed)
+    feed.open = False
+    assert feed.position(2, 5) is None  # no epoch open: nothing to show
     feed.every_s = 3600.0
-    feed.push(1, 5)
-    assert len(pushed) == 1  # within the period
+    t0 = time.monotonic()
+    with feed.running(3, 5):
+        pass
+    assert time.monotonic() - t0 < 5 and _feed_threads() == []  # its end does not wait out the period
 
 
 def test_each_launch_of_a_blocks_actor_has_a_name_of_its_own():

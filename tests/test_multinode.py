@@ -108,6 +108,38 @@ def test_a_lost_node_without_a_replacement_shrinks_then_spreads_out_when_a_node_
     _assert_same_weights(reference.net, row["net"], atol=1e-6)
 
 
+def _ddp_workers_alive() -> list[str]:
+    """The nodes of the live Ray Train workers (from the GCS: this Ray runs no dashboard for the State API)."""
+    return [a["Address"]["NodeID"] for a in ray._private.state.actors().values()
+            if a["ActorClassName"] == "RayTrainWorker" and a["State"] == "ALIVE"]  # fmt: skip
+
+
+def test_ddp_with_min_workers_trains_on_with_fewer_when_a_workers_node_is_lost(tmp_path, multinode, monkeypatch):
+    """ddp.min_workers: Ray Train's elastic scaling restarts the group on the one node left (FailureConfig, not
+    the loop, retries), and the run ends with its epoch trained."""
+    gate = tmp_path / "gate"  # every worker waits before batch 1 of epoch 1 until the node is gone
+    monkeypatch.setenv("GROWPIPE_HOLD_AT", f"1:1:{gate}")
+    cfg = tiny_config(name="ddp-elastic", method="bp", threads=1, net={"blocks": 2, "width": 32},
+                      train={"epochs": 1}, data={"limit_train": 256, "batch_size": 64}, ddp={"workers": 2,
+                      "min_workers": 1}, runtime={"engine": "ddp", "max_stage_restarts": 2})  # fmt: skip
+    with Pipeline(cfg) as p:
+        run = _Run(p)
+        deadline = time.time() + 180
+        while not Path(f"{gate}.held").exists():  # a worker holds at batch 1: the group trained batch 0 together
+            assert time.time() < deadline and run.error is None, (run.error, run.lines[-5:])
+            time.sleep(0.1)
+        nodes = _ddp_workers_alive()
+        assert len(nodes) == 2, nodes
+        multinode.remove_node(next(n for n in multinode.worker_nodes if n.node_id == nodes[0]))
+        gate.touch()
+        run.join()
+    multinode.add_node(num_cpus=1)  # the next test's two workers
+    multinode.wait_for_nodes()
+    assert run.error is None, (run.error, run.lines[-12:])
+    result = run.result
+    assert result["epochs"] == 1 and result["restarts"] == 0 and result["workers_at_end"] == 1, result
+
+
 def test_nothing_left_to_run_on_fails_clearly_and_the_checkpoint_resumes_later(tmp_path, multinode):
     cfg = _cfg(tmp_path, "stranded", 3, placement_timeout_s=2.0, placement="SPREAD")
     with Pipeline(cfg) as p:

@@ -21,7 +21,7 @@ from growpipe.errors import PipelineError
 from growpipe.local import train_local
 from growpipe.runtime import NAMESPACE
 from growpipe.runtime.pipeline import Pipeline
-from tests.conftest import actor_exists, tiny_config
+from tests.conftest import run_actors, tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -53,7 +53,8 @@ def _kill_stage_during(p: Pipeline, stage: str, epoch: int, killed: list[str], g
     deadline = time.time() + 120
     while time.time() < deadline and ray.get(p.controller.status.remote())["epoch"] < epoch:
         time.sleep(0.05)
-    ray.kill(ray.get_actor(stage, namespace=NAMESPACE), no_restart=True)  # the epoch is held open at the gate
+    name = f"{p.actor_name}/{stage}"  # the stage actor of this attempt of the run (runtime/names.py)
+    ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)  # the epoch is held open at the gate
     killed.append(stage)
     if at is not None:
         at.append(time.perf_counter())
@@ -68,11 +69,11 @@ def test_killed_stage_actor_is_replaced_and_the_run_ends_as_if_undisturbed(tmp_p
     lines: list[str] = []
     killed: list[str] = []
     with Pipeline(_cfg(tmp_path, "disturbed")) as p:  # started: the controller exists
-        t = threading.Thread(target=_kill_stage_during, args=(p, "disturbed/stage1", 2, killed, gate))
+        t = threading.Thread(target=_kill_stage_during, args=(p, "stage1", 2, killed, gate))
         t.start()
         result = p.train(progress=lines.append)
         t.join(timeout=60)
-    assert killed == ["disturbed/stage1"]
+    assert killed == ["stage1"]
     assert result["restarts"] == 1 and any(line.startswith("recover a stage actor died") or
                                            line.startswith("recover stage") for line in lines), lines  # fmt: skip
     assert result["epochs"] == 4 and [r["epoch"] for r in result["history"]] == [1, 2, 3, 4]
@@ -88,15 +89,15 @@ def test_without_checkpoints_a_lost_stage_fails_the_run_clearly_within_seconds(t
     killed: list[str] = []
     killed_at: list[float] = []
     with Pipeline(cfg) as p:
-        t = threading.Thread(target=_kill_stage_during, args=(p, "nockpt/stage1", 1, killed, gate, killed_at))
+        t = threading.Thread(target=_kill_stage_during, args=(p, "stage1", 1, killed, gate, killed_at))
         t.start()
         with pytest.raises(PipelineError, match="no checkpoint to recover from") as failed:
             p.train(progress=None)
         failed_at = time.perf_counter()
         t.join(timeout=60)
-    assert killed == ["nockpt/stage1"] and failed_at - killed_at[0] < 10
+    assert killed == ["stage1"] and failed_at - killed_at[0] < 10
     assert "stage 1 died" in str(failed.value) or "actor died" in str(failed.value)
-    assert not actor_exists("nockpt/stage0") and not actor_exists("nockpt")
+    assert run_actors("nockpt") == []
 
 
 @pytest.mark.usefixtures("ray_session")
@@ -138,7 +139,7 @@ def test_killed_driver_resumes_from_its_checkpoint_in_the_same_mlflow_run(tmp_pa
         os.killpg(driver.pid, signal.SIGKILL)  # the driver, mid-run
         driver.wait(timeout=60)
     deadline = time.time() + 60
-    while "resumable" in ray.util.list_named_actors():  # Ray ends a dead driver's actors (its controller too)
+    while run_actors("resumable"):  # Ray ends a dead driver's actors (its controller too)
         assert time.time() < deadline, "the killed driver's controller outlived it by a minute"
         time.sleep(0.2)
     out = tmp_path / "result.json"

@@ -8,8 +8,9 @@ import torch
 
 from growpipe.errors import InputError, PipelineError
 from growpipe.local import train_local
+from growpipe.runtime.names import controller_name, run_of, stage_actor_name
 from growpipe.runtime.pipeline import Pipeline
-from tests.conftest import actor_exists, deep_merge, tiny_config
+from tests.conftest import deep_merge, run_actors, tiny_config
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -98,7 +99,24 @@ def test_failing_block_stops_the_run_with_stage_and_error(monkeypatch):
     with pytest.raises(PipelineError, match=needle), Pipeline(cfg) as p:
         p.train(progress=None)
     assert time.perf_counter() - start < 60
-    assert not actor_exists("failing/stage0") and not actor_exists("failing/stage1")
+    assert run_actors("failing") == []
+
+
+def test_a_live_run_keeps_its_name_and_a_stopped_one_leaves_it_free_at_once():
+    """A controller is named RUN@ATTEMPT: a second run of a name whose run is alive is refused; once stop()
+    returned, the controller has exited on its own and nothing of the run is left that a next run of the name
+    would wait for (Ray may keep an exited actor's name while a handle to it lives: a new attempt never asks
+    for it)."""
+    assert run_of(controller_name("r.1")) == "r.1" and controller_name("r") != controller_name("r")
+    assert run_of(stage_actor_name(controller_name("r"), 0)) is None and run_of("r") is None
+    first = Pipeline(_small("al", 2, name="twice")).start()
+    with pytest.raises(InputError, match="a run named 'twice' is already running"):
+        Pipeline(_small("al", 2, name="twice")).start()
+    handle = first.controller
+    first.stop()
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(handle.status.remote(), timeout=30)  # close() was the driver's last call: it exited
+    assert run_actors("twice") == []  # so Pipeline.start would launch twice@ANOTHER at once
 
 
 def test_stages_go_into_the_bundles_they_are_given_and_growth_takes_the_next():

@@ -8,7 +8,7 @@ from mlflow.tracking import MlflowClient
 from growpipe.errors import PipelineError
 from growpipe.local import train_local
 from growpipe.runtime.pipeline import Pipeline
-from tests.conftest import actor_exists, tiny_config
+from tests.conftest import run_actors, tiny_config
 from tests.noise import library_noise
 
 
@@ -355,7 +355,7 @@ def test_a_ray_run_stopped_midway_ends_killed_with_its_reason_and_releases_every
     assert "error.txt" not in {a.path for a in client.list_artifacts(run.info.run_id)}
     _wait(lambda: ray.available_resources().get("CPU", 0) >= free, 30)
     assert ray.available_resources().get("CPU", 0) == free
-    assert not actor_exists("stopped/stage0") and not actor_exists("stopped")
+    assert run_actors("stopped") == []
 
 
 @pytest.mark.usefixtures("mlflow_db")  # an empty store at tmp_path/mlflow.db

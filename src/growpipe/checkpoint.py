@@ -6,6 +6,9 @@ the shards of the blocks it holds (`block-K.pt`: no weights pass through the loo
 `manifest.json` last under a temporary name and moves it into place: a checkpoint is complete exactly when
 its manifest exists. `growpipe train --save DIR` writes the same format with one shard (`state.pt`, every
 block). The manifest records each shard's SHA-256; loading checks it and uses torch.load(weights_only=True).
+Its topology holds every block's full spec (rule and architecture included): a net is rebuilt from it and
+the input description alone. Every manifest is read through one versioned reader (saved_config's
+current_manifest): an older format comes out in today's form.
 
 Removing a checkpoint (pruning, a fresh run of the name, --overwrite) deletes only growpipe's files in its
 folder (the manifest, the shards it names, claims); a folder holding anything else is refused before a run
@@ -32,13 +35,13 @@ from typing import Any
 import torch
 from pyarrow import fs
 
-from growpipe.config import RunConfig, build_config
+from growpipe.config import RunConfig
 from growpipe.errors import CheckpointError
 from growpipe.manifest import FORMAT_VERSION, parse_manifest
 from growpipe.nn.net import GrowableNet
 from growpipe.nn.specs import InputInfo
 from growpipe.outputs import write_checkpoint_dir
-from growpipe.saved_config import with_fields_added_since
+from growpipe.saved_config import current_manifest, inference_rule
 
 NAME = re.compile(r"^ckpt-(\d{6})-(\d{7})-(\d{4})$")
 SHARD_NAME = re.compile(r"^(block-\d+|state)\.pt$")
@@ -54,7 +57,7 @@ machine); a holder refreshes it every CLAIM_TTL_S / 4."""
 Position = tuple[int, int, int]
 
 
-def _filesystem(uri: str) -> tuple[Any, str]:
+def filesystem_of(uri: str) -> tuple[Any, str]:
     """(pyarrow FileSystem, root path) for a URI or a local path (made absolute)."""
     if "://" not in uri:
         return fs.LocalFileSystem(), str(Path(uri).expanduser().resolve())
@@ -66,7 +69,7 @@ def _filesystem(uri: str) -> tuple[Any, str]:
 
 def check_uri(uri: str) -> None:
     """CheckpointError when pyarrow has no filesystem for `uri` (checked before a run starts)."""
-    _filesystem(uri)
+    filesystem_of(uri)
 
 
 def block_file(index: int) -> str:
@@ -141,7 +144,7 @@ class CheckpointStore:
         self.uri = uri
         self.run_name = run_name
         self.keep = keep
-        self.fs, root = _filesystem(uri)
+        self.fs, root = filesystem_of(uri)
         self.root = f"{root.rstrip('/')}/{run_name}"
         self.protected: set[str] = set()
         """Checkpoint directories `prune` leaves however old (the best epoch's, for model selection)."""
@@ -345,7 +348,8 @@ class CheckpointStore:
         return done[-1] if done else None
 
     def read_manifest(self, ref: CheckpointRef | str) -> dict[str, Any]:
-        """The manifest of a checkpoint directory (refused when damaged or of another format)."""
+        """The manifest of a checkpoint directory in the current format's form (an older one upgraded); refused
+        when damaged or of a format growpipe does not read."""
         path = ref.path if isinstance(ref, CheckpointRef) else ref
         return _read_manifest(self.fs, path)
 
@@ -492,10 +496,7 @@ def _read_manifest(filesystem: Any, path: str) -> dict[str, Any]:
             data = f.read()
     except OSError:
         raise CheckpointError(f"checkpoint: {path} is not a checkpoint (no manifest.json)") from None
-    manifest = parse_manifest(data, path)
-    if isinstance(manifest.get("config"), dict):
-        manifest["config"] = with_fields_added_since(manifest["config"])
-    return manifest
+    return current_manifest(parse_manifest(data, path), path)
 
 
 def open_checkpoint(path: str | Path) -> tuple[CheckpointStore, str, dict[str, Any]]:
@@ -547,11 +548,12 @@ def save_net(path: str | Path, net: Any, cfg: RunConfig, summary: dict[str, Any]
     return write_checkpoint_dir(path, fill)
 
 
-def load_net(path: str | Path, device: torch.device | str = "cpu") -> tuple[Any, dict[str, Any], RunConfig]:
-    """Rebuild the net of any checkpoint directory (see open_checkpoint) with its weights, hash-checked.
-    Returns (net, manifest, its run config)."""
+def load_net(path: str | Path, device: torch.device | str = "cpu") -> tuple[Any, dict[str, Any]]:
+    """Rebuild the net of any checkpoint directory (see open_checkpoint) to answer with: from its manifest's
+    specs and input alone (whatever its saved config says), its blocks' weights hash-checked (their optimizer
+    states are not loaded). Returns (net, manifest)."""
     store, target, manifest = open_checkpoint(path)
-    cfg = build_config(manifest["config"], f"{target}/manifest.json")
     info = InputInfo.from_dict(manifest["input"])
     states = store.load_blocks(target, manifest["shards"], [d["index"] for d in manifest["topology"]])
-    return GrowableNet.from_states(cfg.rule(), info, manifest["topology"], states, device), manifest, cfg
+    weights = [{**s, "optimizers": {}} for s in states]
+    return GrowableNet.from_states(inference_rule(manifest), info, manifest["topology"], weights, device), manifest

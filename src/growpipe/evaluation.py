@@ -49,7 +49,7 @@ def load_for_evaluation(
     problems = [f"--set {o}: evaluate takes eval.* and data.root / data.download / data.limit_test only; the rest "
                 "is fixed by the checkpoint" for o in overrides or [] if o not in allowed]  # fmt: skip
     try:
-        net, manifest, _ = load_net(checkpoint)
+        net, manifest = load_net(checkpoint)
     except GrowpipeError as e:  # alone, it is raised as it is
         if others := [*problems, *check_outputs(outputs or {})]:
             refuse([str(e), *others])

@@ -15,10 +15,11 @@ GROWPIPE_DIE_IN_EVAL="STAGE:PATH"
     That stage's process exits at its first evaluation packet, once per run (it creates PATH first; a
     replacement that finds PATH goes on). Acts in runtime/stage_base.py (eval_packet, via maybe_die_in_eval).
 GROWPIPE_HOLD_AT="EPOCH:BATCH:PATH"
-    The source stage waits before batch BATCH of epoch EPOCH until a pause is asked for (a grow request is
-    ready) or the file PATH exists: a test that needs a request to land mid-epoch holds the epoch open this
-    way instead of betting that placement beats the rest of the epoch.
-    Acts in runtime/stage.py (Stage.run_epoch, via hold_before).
+    The source stage (every DDP worker) waits before batch BATCH of epoch EPOCH until a pause is asked for (a
+    grow request is ready) or the file PATH exists: a test that needs a request to land mid-epoch holds the
+    epoch open this way instead of betting that placement beats the rest of the epoch. A hold creates
+    PATH.held as it starts waiting (a test that must act while the run is held waits for it).
+    Acts in runtime/stage.py (Stage.run_epoch) and, on every DDP worker, runtime/ddp_worker.py (via hold_before).
 GROWPIPE_STEP_DELAY_MS="N"
     Every local-learning stage's train step sleeps N milliseconds more: for tests and demos of growing a
     running job (a tiny model's epochs are otherwise over before a new stage actor has started).
@@ -34,9 +35,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 import time
 from collections.abc import Iterator
+from typing import Protocol
 
 from growpipe.errors import StageError
 
@@ -144,12 +145,22 @@ def maybe_die_in_eval(stage: int) -> None:
         os._exit(1)  # a stage lost during the evaluation
 
 
-def hold_before(epoch: int, batch: int, pause: threading.Event) -> None:
+class Released(Protocol):
+    """What a hold waits on besides its gate file (a threading.Event does)."""
+
+    def is_set(self) -> bool: ...
+
+    def wait(self, timeout: float) -> bool: ...
+
+
+def hold_before(epoch: int, batch: int, pause: Released) -> None:
     """GROWPIPE_HOLD_AT: before batch `batch` of epoch `epoch` it names, wait until `pause` is set (a pause is
     asked for) or the gate file exists."""
     hold = hold_at()
     if hold is None or hold[:2] != (epoch, batch):
         return
+    if not os.path.exists(hold[2]):
+        open(f"{hold[2]}.held", "w").close()  # a test may wait for this: the run is inside its hold now
     while not pause.is_set() and not os.path.exists(hold[2]):
         pause.wait(0.05)
 

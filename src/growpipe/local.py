@@ -20,7 +20,7 @@ from growpipe.config import RunConfig
 from growpipe.data import DataBundle, iterate_batches, load_data
 from growpipe.device import resolve_device, set_cpu_threads
 from growpipe.evaluation import evaluate_net, measure_early_exit
-from growpipe.loop.engine import EpochPart, Poll, Prepared, WithoutBundles
+from growpipe.loop.engine import EpochPart, Pause, Prepared, WithoutBundles
 from growpipe.loop.loop import RunLoop
 from growpipe.loop.result import RunResult
 from growpipe.loop.stats import StageStats
@@ -54,7 +54,7 @@ class LocalEngine(WithoutBundles):
         self.info: InputInfo | None = None
         self.net: GrowableNet | None = None
         self.device = torch.device("cpu")
-        self._position = (0, 0)
+        self._position: tuple[int, int] | None = None  # of the running epoch (Engine.position)
 
     def open(self, layout: dict[str, Any] | None = None) -> tuple[InputInfo, dict[str, Any]]:
         set_cpu_threads(self.cfg.threads)
@@ -72,16 +72,17 @@ class LocalEngine(WithoutBundles):
             self.net.append(build_block(rule, spec, self.info))
         return f"{self.cfg.method} on {self.cfg.net.backbone}, {self.net.depth} blocks, device {self.device}"
 
-    def run_epoch(self, epoch: int, start_batch: int, stop_at: int | None, poll: Poll) -> EpochPart:
+    def run_epoch(self, epoch: int, start_batch: int, stop_at: int | None, pause: Pause) -> EpochPart:
         net, bundle = self._net(), self.bundle
         assert bundle is not None
         bs = self.cfg.data.batch_size
         stats = StageStats(stage=0, block="net")
-        self._position = (start_batch, -(-len(bundle.train) // bs))
+        total = -(-len(bundle.train) // bs)
+        self._position = (start_batch, total)
         paused_at = None
         for p in iterate_batches(bundle.train, bs, shuffle=True, seed=self.cfg.seed, epoch=epoch,
                                  side_groups=net.side_groups(), start_batch=start_batch, augment=True):  # fmt: skip
-            if (stop_at is not None and p.index >= stop_at) or poll():
+            if (stop_at is not None and p.index >= stop_at) or pause.check():
                 paused_at = p.index
                 break
             t0 = time.perf_counter()
@@ -89,7 +90,8 @@ class LocalEngine(WithoutBundles):
             stats.busy_s += time.perf_counter() - t0
             stats.samples += p.batch_size
             stats.batches += 1
-            self._position = (p.index + 1, self._position[1])
+            self._position = (p.index + 1, total)
+        self._position = None  # no epoch runs: no position for a progress bar to show
         return EpochPart([stats], stats.samples, paused_at)
 
     def prepare_block(self, spec: BlockSpec) -> Prepared:

@@ -10,14 +10,17 @@ from typing import Any
 
 from growpipe.errors import CheckpointError
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+"""The format growpipe writes. 3: every block spec carries its rule and the rule's architecture choices."""
+OLDEST_FORMAT = 2
+"""The oldest format growpipe reads (growpipe.saved_config.current_manifest upgrades it to the current one)."""
 SAVED_NET_FILES = {"manifest.json", "state.pt"}
 """What save_net writes into its directory, and nothing else."""
 
 
 def parse_manifest(data: bytes, path: str) -> dict[str, Any]:
-    """The manifest in `data` (read from checkpoint directory `path`); CheckpointError when it is not JSON,
-    not an object, of another format version or lists its shards wrongly."""
+    """The manifest in `data` (read from checkpoint directory `path`), as written; CheckpointError when it is not
+    JSON, not an object, of a format version growpipe does not read or lists its shards wrongly."""
     try:
         manifest = json.loads(data.decode())
     except ValueError as e:
@@ -25,9 +28,10 @@ def parse_manifest(data: bytes, path: str) -> dict[str, Any]:
     if not isinstance(manifest, dict):
         raise CheckpointError(f"checkpoint {path}: manifest.json holds a JSON {type(manifest).__name__}, not a "
                               "growpipe manifest (an object); it is damaged or not growpipe's")  # fmt: skip
-    if manifest.get("format_version") != FORMAT_VERSION:
+    version = manifest.get("format_version")
+    if isinstance(version, bool) or not isinstance(version, int) or not OLDEST_FORMAT <= version <= FORMAT_VERSION:
         raise CheckpointError(
-            f"checkpoint {path}: format {manifest.get('format_version')}, this growpipe reads {FORMAT_VERSION} "
+            f"checkpoint {path}: format {version}, this growpipe reads {OLDEST_FORMAT} to {FORMAT_VERSION} "
             "(written by another growpipe version: evaluate it with that version or train again)"
         )
     if not _shards_ok(manifest.get("shards", [])):

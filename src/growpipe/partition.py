@@ -129,7 +129,7 @@ def profile_layers(cfg: RunConfig, steps: int = 7) -> tuple[list[LayerProfile], 
         return sorted(times[1:])[steps // 2], _joined(packet, outs)
 
     out, inputs = [], []
-    for spec in plan_blocks(units.net, units.method, info):
+    for spec in plan_blocks(units.net, units.rule(), info):
         block = build_block(units.rule(), spec, info).to(device)
         inputs.append(p)
         ms, nxt = timed(block, p)
@@ -142,7 +142,7 @@ def profile_layers(cfg: RunConfig, steps: int = 7) -> tuple[list[LayerProfile], 
         rest = [len(out) - 3] if len(out) > 3 else []
         net = units.net.model_copy(update={"blocks": 2 + len(rest), "layers": [1, 2, *rest]})
         pair = units.model_copy(update={"net": net})
-        pair_ms, _ = timed(build_block(pair.rule(), plan_blocks(pair.net, pair.method, info)[1], info).to(device),
+        pair_ms, _ = timed(build_block(pair.rule(), plan_blocks(pair.net, pair.rule(), info)[1], info).to(device),
                            inputs[1])  # fmt: skip
         d = max(pair_ms - out[1].ms - out[2].ms, -0.9 * min(o.ms for o in out))  # noise never makes a cost <= 0
     bp = cfg.method == "bp"

@@ -75,9 +75,11 @@ def drop_serve_teardown() -> None:
     logging.getLogger("ray.serve").addFilter(lambda _record: False)
 
 
-RAY_JOB_ACTORS = ("JobSupervisor",)
-"""Ray's own actors on a cluster with jobs (`ray job submit`): each job's supervisor says the job's end at INFO,
-and Ray hands such lines (they belong to no job) to every driver on the cluster, another job's too."""
+RAY_JOB_ACTORS = ("JobSupervisor", "PlacementGroupCleaner")
+"""Ray's own bookkeeping actors: on a cluster with jobs (`ray job submit`) each job's supervisor says the job's
+end at INFO, and Ray hands such lines (they belong to no job) to every driver on the cluster, another job's too;
+Ray Train's placement-group cleaner warns every few seconds that it cannot reach the State API of a Ray that
+runs no dashboard (the embedded one)."""
 
 
 def quiet_ray_job_actors() -> None:

@@ -11,7 +11,7 @@ from growpipe.checkpoint import CheckpointRef, CheckpointStore
 from growpipe.config import RunConfig, apply_overrides, build_config, check_run_name, load_config
 from growpipe.envvars import extra_overrides
 from growpipe.errors import CheckpointError
-from growpipe.saved_config import config_differences, keeping_added_fields
+from growpipe.saved_config import config_differences
 from growpipe.workdir import absolute
 
 
@@ -82,12 +82,13 @@ def newest_whole_checkpoint(store: CheckpointStore,
 
 def continue_from(cfg: RunConfig, checkpoint: str, run_name: str | None = None) -> RunConfig:
     """`cfg` for a run (named `run_name`, default cfg.name) that starts from checkpoint directory `checkpoint`:
-    logging into the MLflow run the checkpoint's run had when it is this run's own checkpoint, with the
-    checkpoint's values of fields added since it may predate (keeping_added_fields). Checks the checkpoint
-    as a load will (every shard's hash, loadable with weights_only): CheckpointError when damaged."""
+    logging into the MLflow run the checkpoint's run had when it is this run's own checkpoint. Its blocks are
+    rebuilt from the checkpoint's specs whatever `cfg` says of their architecture (and the blocks it grows
+    take the heads of the block below). Checks the checkpoint as a load will (every shard's hash, loadable
+    with weights_only): CheckpointError when damaged."""
     name = run_name or cfg.name or ""
     manifest = CheckpointStore(cfg.checkpoint.uri, name, cfg.checkpoint.keep).verify(checkpoint, load=True)
-    return continuing_mlflow_run(keeping_added_fields(cfg, manifest.get("config") or {}), manifest, name)
+    return continuing_mlflow_run(cfg, manifest, name)
 
 
 def continuing_mlflow_run(cfg: RunConfig, manifest: dict[str, Any], run_name: str) -> RunConfig:

@@ -1,64 +1,84 @@
-"""What a checkpoint's saved config means to a run that reads it: the fields added since it was written (their
-values that keep it as it was), what a resumed run may change, and whether the data matches its net."""
+"""What a checkpoint's manifest means to a run that reads it: the one versioned reader (current_manifest: an
+older format's manifest in today's form), what a resumed run may change, and whether the data matches its net."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from growpipe.config import RunConfig, build_config
+from pydantic import ValidationError
+
+from growpipe.config import OptimSpec, RuleSettings
 from growpipe.errors import CheckpointError
+from growpipe.manifest import FORMAT_VERSION
+from growpipe.nn.methods import block_arch
 
 RESUMABLE_DIFFERENCES = ("name", "tracking.", "runtime.", "checkpoint.", "train.epochs", "eval.", "grow.max_blocks")
 """Config fields a resumed run may set differently from its checkpoint (by dotted prefix)."""
 
-FIELDS_ADDED_SINCE: dict[str, tuple[Any, tuple[str, Any] | None]] = {
-    "net.input_norm": (False, ("net.backbone", "transformer")),
-    "eval.restore_best": (False, None),
-    "scpl.classifier_norm": (False, ("method", ("scpl", "dascpl"))),
-}
-"""Config fields added after checkpoints were first written whose default changes what a run does: the value
-that keeps a checkpoint written before them as it was (e.g. blocks grown after a resume have no input
-LayerNorm, like the blocks restored), and the (field, value or tuple of values) of the configs where it
-matters (None: all). Other fields a checkpoint predates take their defaults."""
+
+def current_manifest(manifest: dict[str, Any], path: str) -> dict[str, Any]:
+    """`manifest` (of checkpoint directory `path`, its format checked by parse_manifest) in the current
+    format's form, each older format upgraded one step at a time (UPGRADES): every reader sees one form."""
+    while (version := manifest["format_version"]) < FORMAT_VERSION:
+        manifest = {**UPGRADES[version](manifest, path), "format_version": version + 1}
+    return manifest
 
 
-def _field(config: dict[str, Any], dotted: str, missing: Any = None) -> Any:
-    """The value of dotted field `dotted` (e.g. "net.backbone", "method") in a config dict, else `missing`."""
-    where: Any = config
-    for part in dotted.split("."):
-        if not isinstance(where, dict) or part not in where:
-            return missing
-        where = where[part]
-    return where
+def _from_format_2(manifest: dict[str, Any], path: str) -> dict[str, Any]:
+    """Format 2 -> 3. Format 2 built a block's heads from the run config: each spec takes the config's rule and
+    its architecture choices (block_arch). The config takes the values its run had of the fields added while
+    format 2 was written whose defaults would change what the run does: a resume then goes on as the run
+    went (blocks it grows have no input LayerNorm, like those restored; no model selection); other fields
+    the config predates take their defaults when it is read."""
+    config = dict(manifest.get("config") or {})
+    method = config.get("method", "al")
+    if _get(config, "net", "backbone") == "transformer":
+        config = _set_missing(config, "net", "input_norm", False)
+    config = _set_missing(config, "eval", "restore_best", False)
+    if method in ("scpl", "dascpl"):
+        config = _set_missing(config, "scpl", "classifier_norm", False)
+    try:
+        rule = RuleSettings.model_validate({"method": method, "al": config.get("al", {}),
+                                            "scpl": config.get("scpl", {})})  # fmt: skip
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise CheckpointError(f"checkpoint {path}: its config's {where} is not one this growpipe reads "
+                              f"({first['msg']}); evaluate it with the growpipe that wrote it") from None  # fmt: skip
+    arch = block_arch(rule)
+    topology = [{**d, "method": method, "arch": dict(arch)} if isinstance(d, dict) else d
+                for d in manifest.get("topology") or []]  # fmt: skip
+    return {**manifest, "config": config, "topology": topology}
 
 
-def with_fields_added_since(config: dict[str, Any]) -> dict[str, Any]:
-    """A checkpoint's saved config with FIELDS_ADDED_SINCE filled in where it predates them and they matter."""
-    out = dict(config)
-    for dotted, (value, only) in FIELDS_ADDED_SINCE.items():
-        section, key = dotted.split(".")
-        if only is not None:
-            want = only[1] if isinstance(only[1], tuple) else (only[1],)
-            if _field(config, only[0]) not in want:
-                continue
-        if isinstance(out.get(section), dict) and key not in out[section]:
-            out[section] = {**out[section], key: value}
-    return out
+UPGRADES: dict[int, Callable[[dict[str, Any], str], dict[str, Any]]] = {2: _from_format_2}
+"""Format N -> the upgrade of its manifest to format N + 1."""
 
 
-def keeping_added_fields(cfg: RunConfig, saved: dict[str, Any]) -> RunConfig:
-    """`cfg` with checkpoint config `saved`'s values (as filled by with_fields_added_since) of the fields in
-    FIELDS_ADDED_SINCE, for a run that continues that checkpoint from a config of its own (a Tune trial): its
-    blocks are then built as they were saved."""
-    data = cfg.model_dump(mode="json")
-    changed = False
-    for dotted in FIELDS_ADDED_SINCE:
-        section, key = dotted.split(".")
-        kept = _field(saved, dotted, missing=data[section][key])
-        if kept != data[section][key]:
-            data[section] = {**data[section], key: kept}
-            changed = True
-    return build_config(data, "the config with the checkpoint's values of fields added since") if changed else cfg
+def _get(config: dict[str, Any], section: str, key: str) -> Any:
+    part = config.get(section)
+    return part.get(key) if isinstance(part, dict) else None
+
+
+def _set_missing(config: dict[str, Any], section: str, key: str, value: Any) -> dict[str, Any]:
+    """`config` with `section.key` set to `value` where the section is there without the key."""
+    part = config.get(section)
+    if not isinstance(part, dict) or key in part:
+        return config
+    return {**config, section: {**part, key: value}}
+
+
+def inference_rule(manifest: dict[str, Any]) -> RuleSettings:
+    """The settings a checkpoint's blocks are built with to answer (evaluate, serve, the MLflow model): its
+    specs' rule, and the precision its run computed in (train.precision: a compute mode, not the
+    architecture; fp32 when the config does not say). The optimizer is never used: load the blocks' modules
+    only (their states without "optimizers")."""
+    topology = manifest.get("topology") or [{}]
+    train = (manifest.get("config") or {}).get("train")
+    precision = train.get("precision") if isinstance(train, dict) else None
+    return RuleSettings(method=topology[0].get("method", "al"),
+                        optim=OptimSpec(precision="bf16" if precision == "bf16" else "fp32"))  # fmt: skip
 
 
 def check_input_matches(saved: dict[str, Any], found: dict[str, Any]) -> None:
@@ -74,8 +94,8 @@ def check_input_matches(saved: dict[str, Any], found: dict[str, Any]) -> None:
 
 def config_differences(saved: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:
     """Dotted config fields whose values differ, other than those a resumed run may change. A field the saved
-    config predates (absent from it) counts as its value in `current` only through with_fields_added_since or
-    its default: compare against build_config(saved).model_dump(mode="json")."""
+    config predates (absent from it) counts as the value current_manifest gave it, or its default: compare
+    against build_config(saved).model_dump(mode="json")."""
     out = []
     for key in sorted(set(saved) | set(current)):
         dotted = f"{prefix}{key}"

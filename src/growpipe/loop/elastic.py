@@ -4,6 +4,7 @@ asks the policy what to do, waits when it says wait, and records every change (t
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -14,8 +15,11 @@ from growpipe.loop.callbacks import RunCallback, notify
 from growpipe.loop.engine import Engine
 from growpipe.loop.topology import Fail, Layout, Replace, Shrink, TopologyView, Wait, after_loss, expand
 
-WAIT_POLL_S = 1.0
 WAIT_SAY_S = 60.0
+"""While a run waits for capacity, how often it says so."""
+SETTLE_S = (0.05, 1.0)
+"""When Ray says the homes are placed but the engine still sees one on no live node (its tables catching up on a
+node's loss): the first and the longest pause before asking again, doubling in between."""
 
 
 class Topology:
@@ -45,6 +49,7 @@ class Topology:
         Waits while the policy says wait; PipelineError when it says fail."""
         start = time.monotonic()
         spoke = 0.0
+        settle = 0.0
         spread = Layout.spread(list((saved or {}).get("hosts") or [None] * blocks))
         while True:
             view = self.view()
@@ -71,7 +76,19 @@ class Topology:
                 self.say(f"wait   {d.why} (runtime.on_lost_node: {self.cfg.runtime.on_lost_node}, "
                          f"placement_timeout_s {self.cfg.runtime.placement_timeout_s:g})")  # fmt: skip
                 spoke = max(waited, 1e-9)
-            time.sleep(WAIT_POLL_S)
+            settle = self._wait(view, waited, spoke, settle)
+
+    def _wait(self, view: TopologyView, waited: float, spoke: float, settle: float) -> float:
+        """Wait until the lost homes are placed again, the policy's deadline or the next line saying so; the
+        pause before asking again next time (see SETTLE_S)."""
+        timeout = self.cfg.runtime.placement_timeout_s
+        deadline = timeout - waited if self.cfg.runtime.on_lost_node != "wait" and waited < timeout else math.inf
+        wait_s = max(min(deadline, spoke + WAIT_SAY_S - waited), 0.0)
+        if settle:  # placed, Ray said last time, yet not seen so: let its tables catch up first
+            time.sleep(min(settle, wait_s))
+        if not view.wait_placed(wait_s):
+            return 0.0
+        return min(max(2 * settle, SETTLE_S[0]), SETTLE_S[1])
 
     def expand_due(self) -> Layout | None:
         """The spread layout when a shrunk run can spread out again (every home placed again)."""

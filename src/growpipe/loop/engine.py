@@ -8,7 +8,9 @@ on stage actors, and data-parallel BP through Ray Train (growpipe.runtime).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -21,8 +23,58 @@ from growpipe.nn.specs import BlockSpec, InputInfo
 if TYPE_CHECKING:
     from growpipe.checkpoint import CheckpointStore
 
-Poll = Callable[[], bool]
-"""Called by an engine while an epoch runs; True asks it to stop before its next batch (a growth waits)."""
+
+class Pause:
+    """The loop's request that one `run_epoch` call stop before its next batch (a grown block is ready to attach).
+
+    Set once, from any thread (the thread that placed the block). An engine that steps its batches from the
+    loop's thread (the reference trainer, GPipe, 1F1B) calls `check()` between two of them: it runs the loop's
+    work there first (placing a waiting request's block when the engine cannot place while training), then says
+    whether to stop. An engine whose batches run on their own in workers wraps its wait in `forwarded(hook)`:
+    `hook` runs the moment the pause is set (it tells the workers), so nothing polls."""
+
+    def __init__(self, between_batches: Callable[[], bool] | None = None):
+        """`between_batches`: the loop's work between two batches; True when it made a block ready (pause)."""
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._hooks: list[Callable[[], None]] = []
+        self._between = between_batches
+
+    @property
+    def requested(self) -> bool:
+        return self._event.is_set()
+
+    def set(self) -> None:
+        """Ask the epoch to stop; the hooks registered by `forwarded` run now, in this thread (once)."""
+        with self._lock:
+            if self._event.is_set():
+                return
+            self._event.set()
+            hooks, self._hooks = self._hooks, []
+        for hook in hooks:
+            hook()
+
+    def check(self) -> bool:
+        """Between two batches, on the loop's thread: the loop's work there, then whether to stop."""
+        if self._between is not None and not self._event.is_set() and self._between():
+            self.set()
+        return self._event.is_set()
+
+    @contextlib.contextmanager
+    def forwarded(self, hook: Callable[[], None]) -> Iterator[None]:
+        """Run `hook` once if the pause is set while inside (at once when it already is)."""
+        with self._lock:
+            already = self._event.is_set()
+            if not already:
+                self._hooks.append(hook)
+        if already:
+            hook()
+        try:
+            yield
+        finally:
+            with self._lock:
+                if hook in self._hooks:
+                    self._hooks.remove(hook)
 
 
 class WorkerLost(GrowpipeError, RuntimeError):
@@ -82,10 +134,11 @@ class Engine(Protocol):
     stage_table: bool
     """True when the per-stage statistics are worth a table (one stage per worker)."""
     places_while_training: bool
-    """True when `prepare_block` may run in another thread while `run_epoch` trains (the stage engines: the
-    block is built in a new actor). False for the reference trainer (building a block reseeds this process's
-    random generator, which training draws from) and DDP (nothing is placed: the block is built when the
-    trainer restarts at `attach_block`); the loop then prepares between two batches, on its own thread."""
+    """True when `prepare_block` may run in another thread while `run_epoch` trains: a request's block is then
+    placed the moment the request arrives (the stage engines: the block is built in a new actor; DDP: nothing
+    is placed, the block is built when the trainer restarts at `attach_block`). False for the reference trainer
+    (building a block reseeds this process's random generator, which training draws from): the loop then
+    prepares between two batches, on its own thread (Pause.check)."""
     net: GrowableNet | None
     """The trained net when it lives in this process (the local engine); None when it is spread over
     workers (the loop rebuilds it from `final_states`)."""
@@ -99,9 +152,10 @@ class Engine(Protocol):
         """Place and build the blocks (`layout`: where a checkpoint had them); a one-line description."""
         ...
 
-    def run_epoch(self, epoch: int, start_batch: int, stop_at: int | None, poll: Poll) -> EpochPart:
-        """Train epoch `epoch` from batch `start_batch`, stopping before batch `stop_at` or when `poll`
-        says so; everything sent is trained when it returns. Raises WorkerLost when a worker is gone."""
+    def run_epoch(self, epoch: int, start_batch: int, stop_at: int | None, pause: Pause) -> EpochPart:
+        """Train epoch `epoch` from batch `start_batch`, stopping before batch `stop_at`, or before the next
+        batch it can once `pause` is set (see Pause: checked between batches, or forwarded to the workers);
+        everything sent is trained when it returns. Raises WorkerLost when a worker is gone."""
         ...
 
     def prepare_block(self, spec: BlockSpec) -> Prepared:

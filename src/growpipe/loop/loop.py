@@ -1,9 +1,10 @@
-"""RunLoop: a run's lifecycle, the same for every engine.
+"""RunLoop: a run's lifecycle, the same for every engine: its states and the transitions between them.
 
 `step()` runs the current state's handler and moves to the state it returns (states.py); `run()` steps until
-FINISHED or ERRORED. The loop keeps the run's record (history, growth events, frozen-block checksums, stage
-totals), asks the policies (growth plan, failure, checkpoint timing, grow limit) and has the engine execute
-what they decide. Grow requests arrive from other threads through `grow()`.
+FINISHED or ERRORED. The work inside a state is its components': growth (growing.Growth, the requests from
+other threads through `grow()`: orders.GrowRequests), restore points (checkpointing.Checkpointer), failures
+(recovery.Recovery), lost and returning nodes (elastic.Topology), the end (ending.Ending); what the run has done
+is its record.RunRecord. They decide with the policies (policies.py, growth.GrowthPlan); the engine executes.
 """
 
 from __future__ import annotations
@@ -13,22 +14,23 @@ from collections.abc import Callable
 from typing import Any
 
 from growpipe import signals
-from growpipe.checkpoint import CheckpointStore, run_folder_problem
+from growpipe.checkpoint import CheckpointStore
 from growpipe.config import GrowStep, RunConfig
-from growpipe.errors import CheckpointError, NonFiniteError, describe
-from growpipe.growth import GrowthPlan, grow_refusal, growth_event, note_epoch
-from growpipe.loop.callbacks import RunCallback, notify, wants_final_net
+from growpipe.errors import NonFiniteError
+from growpipe.growth import note_epoch
+from growpipe.loop.callbacks import RunCallback, notify
 from growpipe.loop.checkpointing import Checkpointer
 from growpipe.loop.elastic import Topology
-from growpipe.loop.ending import FinalNet, run_summary, select_best
-from growpipe.loop.engine import Engine, Prepared, WorkerLost
+from growpipe.loop.ending import Ending
+from growpipe.loop.engine import Engine
+from growpipe.loop.growing import Growth
 from growpipe.loop.orders import GrowRequests
-from growpipe.loop.policies import Raise, decide_failure, learned_nothing
+from growpipe.loop.policies import learned_nothing
 from growpipe.loop.progress import PositionFeed
 from growpipe.loop.record import RunRecord
+from growpipe.loop.recovery import Recovery
 from growpipe.loop.states import Caching, Errored, Finished, Growing, Restoring, Starting, State, Training
 from growpipe.loop.stats import StageStats, merge_by_stage
-from growpipe.nn.inference import chosen_threshold
 from growpipe.nn.net import GrowableNet, plan_blocks, plan_growth_block
 from growpipe.nn.specs import BlockSpec, InputInfo
 from growpipe.report import epoch_row
@@ -60,23 +62,25 @@ class RunLoop:
         self.store = store
         self.callbacks = list(callbacks or [])
         self.say: Say = say or (lambda _line: None)
-        self.checkpoints = Checkpointer(cfg, store, engine, self.run_name, self.callbacks, self.say)
+        self.rec = RunRecord()
+        self.checkpoints = Checkpointer(cfg, store, engine, self.run_name, self.rec, self.record, self.callbacks,
+                                        self.say)  # fmt: skip
         self.timing = self.checkpoints.timing
+        self.recovery = Recovery(cfg, store, self.rec, self.callbacks, self.say)
         self.state: State = Starting(resume)
         self.error: str | None = None
         self.failure: BaseException | None = None  # the exception that ended the run
         self.stop_reason: str | None = None  # why the run was stopped from outside (not a failure)
-        self.plan = GrowthPlan(cfg)
-        self.rec = RunRecord()
         self.info: InputInfo | None = None
         self.specs: list[BlockSpec] = []
-        self.cache_due = False
         self.last_eval: dict[str, Any] | None = None
         self.result: dict[str, Any] | None = None
-        self.ending = FinalNet()
+        self.ending = Ending(cfg, engine, store, self.rec, self.callbacks, self.say)
         self.requests = GrowRequests(cfg, engine, self.run_name, self.say)
         self.topology = Topology(cfg, engine, self.callbacks, self.say, lambda: self.stop_reason is not None)
         self.feed = PositionFeed(engine, self.callbacks, self.say)
+        self.growth = Growth(cfg, engine, self.run_name, self.rec, self.requests, self.callbacks, self.say)
+        self.plan = self.growth.plan
         self._row_epoch = 0  # the newest epoch whose row this start of the run made
         self._gated = 0  # the newest epoch handed to epoch_gate
         self.keep_net = True
@@ -93,7 +97,11 @@ class RunLoop:
         try:
             while not self.state.terminal:
                 signals.check()  # a stop of this process whose KeyboardInterrupt was swallowed where it landed
-                self.step()
+                if self.stop_reason is not None:  # stopped from another thread (shutdown): no step after it
+                    self.error = f"stopped: {self.stop_reason}"
+                    self.state = Errored(self.error)
+                else:
+                    self.step()
         except BaseException as e:  # KeyboardInterrupt, SystemExit: this process is being stopped
             why = signals.describe() if signals.received() else type(e).__name__
             self._stopped(self.stop_reason or f"interrupted ({why})")
@@ -109,43 +117,16 @@ class RunLoop:
     def step(self) -> tuple[State, State]:
         """Run the current state's handler; return (previous, next)."""
         prev = self.state
-        handlers: dict[type, Callable[[Any], State]] = {
-            Starting: self._starting,
-            Training: self._training,
-            Growing: self._growing,
-            Caching: self._caching,
-            Restoring: self._restoring,
-        }
         try:
-            nxt = handlers[type(prev)](prev)
+            nxt = getattr(self, f"_{prev.name}")(prev)  # each state's handler is named after it
         except Exception as e:  # any failure: the failure policy retries from a checkpoint or ends the run
-            nxt = self._after_failure(e)
+            nxt, failure = self.recovery.after(e, prev, self.stop_reason)
+            if isinstance(nxt, Errored):
+                self.error, self.failure = nxt.message, failure
         self.state = nxt
         if type(prev) is not type(nxt):
             notify(self.callbacks, "on_state_change", prev, nxt, say=self.say)
         return prev, nxt
-
-    def _after_failure(self, e: BaseException) -> State:
-        if self.stop_reason is not None:  # its workers went away because the run was stopped
-            self.error, self.failure = f"stopped: {self.stop_reason}", e
-            return Errored(self.error)
-        if isinstance(e, NonFiniteError) and isinstance(self.state, Training):  # the block knew the batch
-            e = e.located(epoch=self.state.epoch)
-        what = describe(e)
-        latest = self.store.latest() if self.store else None
-        lost = isinstance(e, WorkerLost) and not isinstance(self.state, Starting)  # a fresh start has no restore point
-        decision = decide_failure(what, lost, self.rec.restarts,
-                                  self.cfg.runtime.max_stage_restarts, latest.path if latest else None,
-                                  self.cfg.checkpoint.enabled)  # fmt: skip
-        if isinstance(decision, Raise):
-            self.error, self.failure = decision.message, e  # said once, by whoever started the run
-            notify(self.callbacks, "on_error", decision.message, say=self.say)
-            return Errored(decision.message)
-        self.rec.restarts = decision.restart
-        limit = self.cfg.runtime.max_stage_restarts
-        self.say(f"recover {what}; restart {self.rec.restarts}/{limit}: every block back to "
-                 f"{decision.path.rsplit('/', 1)[-1]}")  # fmt: skip
-        return Restoring(decision.path, what)
 
     # ---- states ---------------------------------------------------------------------------------------
     def _starting(self, s: Starting) -> State:
@@ -153,8 +134,8 @@ class RunLoop:
         manifest = None
         if s.resume:
             manifest = self.checkpoints.reader().read_manifest(s.resume)
-        elif self.store is not None and (why := run_folder_problem(self.store, True, cfg.checkpoint.overwrite)):
-            raise CheckpointError(why)  # checked before the run already; this catches a run started meanwhile
+        else:
+            self.checkpoints.check_fresh()
         layout = manifest.get("layout") if manifest else None
         self.say(f"run    {self.run_name}" + (f" (checkpoints in {self.store.root})" if self.store else ""))
         self.info, data = self.engine.open(layout)
@@ -164,7 +145,7 @@ class RunLoop:
             check_input_matches(manifest["input"], self.info.to_dict())
             self.specs = [BlockSpec.from_dict(t) for t in manifest["topology"]]
         else:
-            self.specs = plan_blocks(cfg.net, cfg.method, self.info)
+            self.specs = plan_blocks(cfg.net, cfg.rule(), self.info)
         self.say(f"net    {self.engine.build(self.specs, layout)}")
         self.topology.note()
         if manifest and s.resume:
@@ -175,14 +156,7 @@ class RunLoop:
             notify(self.callbacks, "on_start", say=self.say)
             return self._after_restore(manifest)
         notify(self.callbacks, "on_start", say=self.say)
-        if cfg.eval.restore_best and cfg.data.val_fraction and self.store is None:
-            self.say("best   eval.restore_best needs checkpoint.enabled: the result is the last epoch's net")
-        if self.store is not None and (gone := self.store.clear()):  # complete ones only with --overwrite
-            self.say(
-                f"ckpt   a fresh run: removed {gone} checkpoint folder(s) of an earlier run {self.run_name!r}"
-                + (" (--overwrite)" if cfg.checkpoint.overwrite else " (none of them complete)")
-            )
-        self._checkpoint(0, 0)  # a restore point from the very start
+        self.checkpoints.start()  # a restore point from the very start
         return self._boundary(0)
 
     def _training(self, t: Training) -> State:
@@ -191,8 +165,10 @@ class RunLoop:
         while True:
             stop_at = self.timing.next_stop(start)
             t0 = time.perf_counter()
-            part = self.engine.run_epoch(t.epoch, start, stop_at, self._poll)
+            with self.requests.pausing(self) as pause, self.feed.running(t.epoch, self.plan.total_epochs):
+                part = self.engine.run_epoch(t.epoch, start, stop_at, pause)
             seconds += time.perf_counter() - t0
+            self.requests.collect(wait=False)  # a block's placement that failed meanwhile fails here
             parts.extend(part.stats)
             samples += part.samples
             if part.paused_at is None:
@@ -202,43 +178,19 @@ class RunLoop:
                 resume = Training(t.epoch, start, tuple(parts), samples, seconds)
                 return Growing(t.epoch - 1, start, order=order, resume=resume)
             if start == stop_at:
-                self._checkpoint(t.epoch - 1, start)
+                self.checkpoints.write(t.epoch - 1, start)
         self._end_epoch(t.epoch, parts, samples, seconds)
         return self._boundary(t.epoch)
 
     def _growing(self, g: Growing) -> State:
-        grew = False
-        for step in g.steps:  # planned: a block that cannot be placed ends the run
-            if why := grow_refusal(self.run_name, len(self.specs), self.requests.pending, self.cfg.max_blocks()):
-                self._skip_planned(step, g.source, g.epoch, why)
-                continue
-            prepared = self.engine.prepare_block(self.next_spec(step))
-            self._attach(prepared, step, g.source, g.epoch, g.batch)
-            grew = True
-        requests = self.requests
-        if g.order is not None:
-            grew = requests.attach(g.order, len(self.specs), self._attacher(g.epoch, g.batch)) or grew
-        if g.resume is None:  # between epochs: the requests waiting now
-            while not requests.orders.empty():
-                order = requests.orders.get()
-                if requests.prepare(order, self):
-                    grew = requests.attach(order, len(self.specs), self._attacher(g.epoch, None)) or grew
-        at_end = g.resume is None and self.timing.at_epoch_end(g.epoch, self.plan.total_epochs)
-        if grew or at_end:  # a boundary whose planned steps were all skipped keeps its epoch-end checkpoint
-            self._checkpoint(g.epoch, g.batch or 0)
-        if g.resume is not None:
-            return g.resume
-        return self._next_epoch(g.epoch, 0)
+        if grew := self.growth.grow(g, self):
+            self.last_eval = None
+        # the restore point after the growth (a boundary whose planned steps were all skipped keeps its epoch end's)
+        self.checkpoints.at_boundary(g.epoch, None if g.resume is None else g.batch, grew=grew)
+        return g.resume if g.resume is not None else self._next_epoch(g.epoch, 0)
 
     def _caching(self, c: Caching) -> State:
-        record = self.engine.cache_prefix()
-        self.cache_due = False
-        if record is not None:
-            record = {"epoch": c.then.epoch - 1, **record}
-            self.rec.caches.append(record)
-            k = record["block"]
-            self.say(f"cache  block {k} trains from the frozen prefix's outputs ({record['where']}, computed in "
-                     f"{record['seconds']:.1f}s); blocks 0-{k - 1} stop computing")  # fmt: skip
+        self.growth.cache(c.then.epoch - 1)
         return c.then
 
     def _restoring(self, r: Restoring) -> State:
@@ -264,11 +216,10 @@ class RunLoop:
             return Growing(epoch, None, steps=tuple(due), source=self.plan.policy, order=order)
         spread = self.topology.expand_due() if self.store and epoch < self.plan.total_epochs else None
         if spread is not None:  # a shrunk run whose lost homes are back: its blocks go home, state carried over
-            self._checkpoint(epoch, 0, best)
+            self.checkpoints.write(epoch, 0, best)
             self.topology.record("expand", epoch, 0, "capacity is back: every block in its own actor again", spread)
             return Restoring(self.store.latest().path, "expand", layout=spread)  # type: ignore[union-attr]
-        if best or self.timing.at_epoch_end(epoch, self.plan.total_epochs):
-            self._checkpoint(epoch, 0, best)
+        self.checkpoints.at_boundary(epoch, best=best)
         return self._next_epoch(epoch, 0)
 
     def _next_epoch(self, epoch: int, batch: int) -> State:
@@ -283,7 +234,7 @@ class RunLoop:
         if batch == 0 and epoch >= self.plan.total_epochs:
             return self._finish()
         nxt = Training(epoch + 1, batch)
-        return Caching(nxt) if self.cache_due else nxt
+        return Caching(nxt) if self.growth.cache_due else nxt
 
     def _after_restore(self, manifest: dict[str, Any]) -> State:
         """Where a restored run goes on. A boundary checkpoint is written after that boundary's growth, so
@@ -319,66 +270,18 @@ class RunLoop:
 
     # ---- growth ---------------------------------------------------------------------------------------
     def grow(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Append a block to this running job (from any thread; blocks until it is attached or refused).
-
-        Validated like a config; the block is placed and built while training goes on, then the engine
-        pauses before its next batch (or at the end of the epoch), freezes the earlier blocks
-        (cfg.grow.freeze), attaches the block and goes on. Requests are served one at a time, in arrival
-        order (loop.orders.GrowRequests). Returns what was added, or {'error': message}: a bad request never
-        disturbs the run."""
+        """Append a block to this running job (from any thread; blocks until it is attached or refused): what
+        was added, or {'error': message}, a bad request never disturbing the run. Validated like a config, placed
+        and built while training goes on, attached (the earlier blocks frozen: grow.freeze) before the next batch
+        the engine can pause at; one at a time, in arrival order (loop.orders.GrowRequests)."""
         return self.requests.submit(request, self)
-
-    def _poll(self) -> bool:
-        """Called by the engine between batches: the running epoch's position out, a waiting request's block
-        placed; True once one is ready to attach (the engine then pauses)."""
-        self.feed.push(self._training_epoch(), self.plan.total_epochs)
-        return self.requests.poll(self)
 
     def next_spec(self, step: GrowStep) -> BlockSpec:
         """The spec of the block `step` appends."""
         assert self.info is not None
         return plan_growth_block(self.cfg.net, self.info, self.specs[-1], step)
 
-    def _attacher(self, epoch: int, batch: int | None) -> Callable[[Prepared, GrowStep], dict[str, Any]]:
-        return lambda prepared, step: self._attach(prepared, step, "request", epoch, batch)
-
-    def _attach(self, prepared: Prepared, step: GrowStep, source: str, epoch: int, batch: int | None) -> dict:
-        """Attach a prepared block after the last one (freezing the others when grow.freeze) and record it;
-        `epoch` finished epochs, `batch` batches into the next (None: at the boundary)."""
-        depth = len(self.specs)
-        freeze = self.cfg.grow.freeze
-        self.engine.attach_block(prepared, freeze)
-        if freeze:
-            self.rec.frozen |= set(range(depth))
-            sums = self.engine.checksums()
-            self.rec.watch.note({i: sums[i] for i in range(depth)})
-            self.cache_due = self.cfg.grow.cache.enabled and prepared.cacheable
-        event = growth_event(epoch, step, depth + 1, self.rec.history, source, batch)
-        event.update(block=prepared.spec.index, family=prepared.spec.encoder.family, where=prepared.where)
-        self.specs.append(prepared.spec)
-        self.plan.grew(epoch)
-        self.rec.best = None  # model selection starts again on the grown net
-        self.checkpoints.forget_best()
-        self.last_eval = None
-        self.rec.growth.append(event)
-        notify(self.callbacks, "on_growth", event, say=self.say)
-        return event
-
-    def _skip_planned(self, step: GrowStep, source: str, epoch: int, why: str) -> None:
-        """A planned step the grow limit stops (a request took its place): said once, recorded, the run goes on."""
-        self.rec.growth_skipped.append({"epoch": epoch, "kind": step.kind, "group": step.group, "width": step.width,
-                                    "source": source, "reason": why})  # fmt: skip
-        self.say(f"grow   planned {step.kind} step after epoch {epoch} skipped: {why}")
-
-    # ---- checkpoints ----------------------------------------------------------------------------------
-    def _checkpoint(self, epoch: int, batch: int, best: bool = False) -> None:
-        """A restore point now (see Checkpointer.write); `best`: the epoch model selection keeps. Its time counts
-        in the newest epoch's row."""
-        seconds = self.checkpoints.write(epoch, batch, self.record, self.rec.best if best else None)
-        if seconds is not None and self.rec.history:
-            row = self.rec.history[-1]
-            row["checkpoint_seconds"] = round(row.get("checkpoint_seconds", 0.0) + seconds, 4)
-
+    # ---- the record a checkpoint keeps ----------------------------------------------------------------
     def record(self) -> dict[str, Any]:
         """The run's record as a checkpoint manifest keeps it (without position and shards)."""
         assert self.info is not None
@@ -392,40 +295,27 @@ class RunLoop:
         }
 
     def _restore_record(self, manifest: dict[str, Any]) -> None:
+        """Back to what `manifest` recorded: the record, the growth plan from it, the checkpoint numbering."""
         self.rec.restore(manifest)
-        self.plan = GrowthPlan(self.cfg)
-        for event in self.rec.growth:
-            self.plan.grew(event["epoch"])
-        self.checkpoints.restored(manifest, self.rec.best)
-        self.cache_due = self.cfg.grow.cache.enabled and bool(self.rec.frozen)
+        self.growth.restored()
+        self.checkpoints.restored(manifest)
         self.last_eval = None
 
     # ---- the end --------------------------------------------------------------------------------------
     def _finish(self) -> State:
-        selected, restored = select_best(self.rec, self.store, self.engine, self.say)
-        ev = dict((None if restored else self.last_eval) or self.engine.evaluate())
-        ev["early_exit"] = self.engine.measure_early_exit(chosen_threshold(ev, self.cfg.eval.exit_threshold))
-        extra = {"selected_epoch": selected, "topology_changes": self.topology.changes,
-                 "checkpoints": self.store.root if self.store else None}  # fmt: skip
-        summary = run_summary(self.cfg, self.engine, self.rec, len(self.specs), ev, extra)
-        for fields in notify(self.callbacks, "result_fields", say=self.say):
-            summary.update(fields or {})
-        wanting = [cb for cb in self.callbacks if wants_final_net(cb)]
-        self.ending.gather(self.engine, self.keep_net or bool(wanting))  # a whole net only where one is asked for
-        self.result = summary
-        notify(self.callbacks, "on_finish", summary, say=self.say)
-        if wanting:
-            notify(wanting, "on_final_net", self.final_net(), summary, say=self.say)
+        extra = {"topology_changes": self.topology.changes, "checkpoints": self.store.root if self.store else None}
+        self.result = self.ending.summary(self.last_eval, len(self.specs), extra, self.keep_net)
+        self.ending.announce(self.result, self.final_net)  # after `result`: final() answers from on_finish on
         return Finished()
 
     def final_net(self) -> GrowableNet:
         """The trained net in this process (after FINISHED)."""
-        return self.ending.built(self.cfg, self.engine, self.info, self.specs)
+        return self.ending.built(self.info, self.specs)
 
     def final(self) -> dict[str, Any] | None:
         """After FINISHED: the topology, the input description and every block's state (None when the run
         did not finish, or was run without keep_net)."""
-        return None if self.result is None else self.ending.exported(self.cfg, self.engine, self.info, self.specs)
+        return None if self.result is None else self.ending.exported(self.info, self.specs)
 
     def shutdown(self, reason: str | None = None) -> None:
         """Release everything now (from another thread: the driver stops a run midway, `reason` says why).

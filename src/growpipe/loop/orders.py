@@ -6,13 +6,13 @@ import contextlib
 import math
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from growpipe.config import GrowRequest, GrowStep, RunConfig, parse_grow_request
 from growpipe.errors import ConfigError, GrowpipeError, ShapeError, describe
 from growpipe.growth import grow_refusal
-from growpipe.loop.engine import Engine, Prepared
+from growpipe.loop.engine import Engine, Pause, Prepared
 from growpipe.nn.backbones import output_shape
 from growpipe.nn.specs import BlockSpec, InputInfo
 
@@ -75,8 +75,12 @@ def check_input_size(ask: GrowRequest, info: InputInfo, last: BlockSpec) -> None
 
 class GrowRequests:
     """The grow requests of one run: accepted from any thread (validated, counted against grow.max_blocks),
-    queued, placed and built (in a thread of their own when the engine trains meanwhile), then attached by the
-    loop between two batches or at an epoch boundary; each caller is answered once."""
+    queued, placed and built, then attached by the loop between two batches or at an epoch boundary; each caller
+    is answered once.
+
+    While an epoch runs (`pausing`), an engine that places while training has a request's block placed in a
+    thread of its own the moment the request arrives (or the epoch starts), and the epoch's Pause is set once
+    the block is ready; otherwise the block is placed between two batches, on the loop's thread (Pause.check)."""
 
     def __init__(self, cfg: RunConfig, engine: Engine, run_name: str, say: Callable[[str], None]):
         self.cfg, self.engine, self.run_name, self.say = cfg, engine, run_name, say
@@ -85,6 +89,7 @@ class GrowRequests:
         self.prepared: GrowOrder | None = None  # placed while an epoch ran, waiting for the pause
         self._placing: tuple[GrowOrder, threading.Thread] | None = None
         self._placing_error: BaseException | None = None
+        self._pause: Pause | None = None  # the running epoch's, while one runs
         self._lock = threading.Lock()
 
     def submit(self, request: dict[str, Any], run: GrowingRun) -> dict[str, Any]:
@@ -108,50 +113,85 @@ class GrowRequests:
             order = GrowOrder(ask)
             self.pending += 1
             self.orders.put(order)
+        self._place_next(run)  # at once while an epoch runs: no batch boundary waited for
         order.done.wait()
         return order.answer if order.answer is not None else {"error": order.error}
 
-    def poll(self, run: GrowingRun) -> bool:
-        """Between batches: start placing a waiting request's block (in a thread when the engine can train
-        meanwhile, else here); True once one is ready to attach (the engine then pauses)."""
-        self.collect(wait=False)
-        if self.prepared is None and self._placing is None and not self.orders.empty():
-            order = self.orders.get()
-            if self.engine.places_while_training:
-                thread = threading.Thread(target=self._place, args=(order, run), name="growpipe-place", daemon=True)
-                self._placing = (order, thread)
-                thread.start()
-            elif self.prepare(order, run):
-                self.prepared = order
+    @contextlib.contextmanager
+    def pausing(self, run: GrowingRun) -> Iterator[Pause]:
+        """The Pause of one `run_epoch` call: set once a request's block is ready to attach (or its placement
+        failed: the loop raises that failure after the call, see `collect`)."""
+        places = self.engine.places_while_training
+        pause = Pause(None if places else lambda: self._between_batches(run))
+        with self._lock:
+            self._pause = pause
+            ready = self.prepared is not None or self._placing_error is not None  # placed after the last epoch
+        if ready:
+            pause.set()
+        self._place_next(run)
+        try:
+            yield pause
+        finally:
+            with self._lock:
+                self._pause = None
+
+    def _between_batches(self, run: GrowingRun) -> bool:
+        """An engine that cannot place while training, between two batches: place a waiting request's block
+        here, on the loop's thread; True once one is ready to attach."""
+        if self.prepared is None and not self.orders.empty() and self.prepare(order := self.orders.get(), run):
+            self.prepared = order
         return self.prepared is not None
+
+    def _place_next(self, run: GrowingRun) -> None:
+        """While an epoch runs on an engine that places while training: place the next waiting request's block
+        in a thread of its own, unless one is being placed or waits for the pause."""
+        if not self.engine.places_while_training:
+            return
+        with self._lock:
+            if self._pause is None or self.prepared is not None or self._placing is not None or self.orders.empty():
+                return
+            order = self.orders.get()
+            thread = threading.Thread(target=self._place, args=(order, run), name="growpipe-place", daemon=True)
+            self._placing = (order, thread)
+        thread.start()
+
+    def _place(self, order: GrowOrder, run: GrowingRun) -> None:
+        """The placing thread: on success the block waits for the pause, which is set now; a refused request
+        makes room for the next one; a failure (a worker lost) is raised on the loop's thread after the epoch."""
+        error: BaseException | None = None
+        try:
+            placed = self.prepare(order, run)
+        except BaseException as e:
+            placed, error = False, e
+        with self._lock:
+            self._placing = None
+            if error is not None:
+                self._placing_error = error
+            if placed:
+                self.prepared = order
+            pause = self._pause
+        if placed or error is not None:
+            if pause is not None:
+                pause.set()
+        else:
+            self._place_next(run)
 
     def take_prepared(self) -> GrowOrder | None:
         """The request ready to attach (placed during an epoch), now the loop's to attach."""
-        order, self.prepared = self.prepared, None
+        with self._lock:
+            order, self.prepared = self.prepared, None
         return order
 
-    def _place(self, order: GrowOrder, run: GrowingRun) -> None:
-        try:
-            self.prepare(order, run)
-        except BaseException as e:  # a worker lost while placing: raised on the loop's thread
-            self._placing_error = e
-
     def collect(self, wait: bool) -> None:
-        """Take a finished placement (with `wait`, the running one once it finishes): its block becomes the one
-        to attach, or its failure is raised here, on the loop's thread."""
-        if self._placing is None:
-            return
-        order, thread = self._placing
-        if wait:
-            thread.join()
-        if thread.is_alive():
-            return
-        self._placing = None
-        if self._placing_error is not None:
+        """Raise a placement's failure here, on the loop's thread (with `wait`: once the running placement ended).
+        A placed block is the one to attach already (`take_prepared`)."""
+        placing = self._placing
+        if wait and placing is not None:
+            placing[1].join()
+        with self._lock:
             error, self._placing_error = self._placing_error, None
+        if error is not None:
             raise error
-        if order.prepared is not None:
-            self.prepared = order
 
     def prepare(self, order: GrowOrder, run: GrowingRun) -> bool:
         """Place and build a requested block; on a refusal answer the caller and leave the run as it is."""

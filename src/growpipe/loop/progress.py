@@ -2,23 +2,27 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
 
 from growpipe.loop.callbacks import RunCallback, notify
 from growpipe.loop.engine import Engine
 
+SHORTEST_S = 0.01
+"""The shortest period between two pushes (an `every_s` of 0 would keep a core busy)."""
+
 
 class PositionFeed:
-    """Engines call the loop's poll between batches (or every 0.2 s while they wait for a stage), and the loop
-    hands it here: the position goes out at most every `every_s` seconds (None: never), only while an epoch
-    is open (between its start and its line). Nothing asks for it, nothing sleeps."""
+    """While the engine trains (`running`), a thread of the feed's own asks it where the epoch is
+    (Engine.position, from that thread) every `every_s` seconds (None: never) and pushes that to the callbacks'
+    `on_position`, only while an epoch is open (between its start and its line). The first push comes one period
+    after the engine started; none comes after `running` has ended."""
 
     def __init__(self, engine: Engine, callbacks: list[RunCallback], say: Callable[[str], None]):
         self.engine, self.callbacks, self.say = engine, callbacks, say
         self.every_s: float | None = None
         self.open = False
-        self._at = 0.0
 
     def position(self, epoch: int | None, epochs: int) -> dict[str, int] | None:
         """{epoch, epochs, batch, batches} of epoch `epoch` (None: not training), None outside an open epoch."""
@@ -26,10 +30,23 @@ class PositionFeed:
             return None
         return {"epoch": epoch, "epochs": epochs, "batch": pos[0], "batches": pos[1]}
 
-    def push(self, epoch: int | None, epochs: int) -> None:
-        now = time.monotonic()
-        if self.every_s is None or now - self._at < self.every_s:
+    @contextlib.contextmanager
+    def running(self, epoch: int, epochs: int) -> Iterator[None]:
+        """Push epoch `epoch`'s position every `every_s` seconds while inside."""
+        if self.every_s is None:
+            yield
             return
-        self._at = now
-        if (pos := self.position(epoch, epochs)) is not None:
-            notify(self.callbacks, "on_position", pos, say=self.say)
+        ended = threading.Event()
+        thread = threading.Thread(target=self._push_until, args=(ended, max(self.every_s, SHORTEST_S), epoch, epochs),
+                                  name="growpipe-position", daemon=True)  # fmt: skip
+        thread.start()
+        try:
+            yield
+        finally:
+            ended.set()
+            thread.join()
+
+    def _push_until(self, ended: threading.Event, every_s: float, epoch: int, epochs: int) -> None:
+        while not ended.wait(every_s):
+            if (pos := self.position(epoch, epochs)) is not None:
+                notify(self.callbacks, "on_position", pos, say=self.say)

@@ -12,7 +12,8 @@ on a live node now.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,9 @@ class TopologyView:
     placed: list[bool]
     nodes: list[str]
     """The node of each block's actor now ('' when none)."""
+    wait_placed: Callable[[float], bool] = field(compare=False)
+    """Block until the homes not placed now are placed again (or the run's reservations are released), at most
+    that many seconds; True when they are (what a capacity wait waits on)."""
 
 
 @dataclass(frozen=True)

@@ -222,11 +222,7 @@ class Block:
 
     def checksum(self) -> str:
         """SHA-256 of every module tensor (parameters and buffers): equal iff the weights are bit-identical."""
-        h = hashlib.sha256()
-        for name, t in sorted(self.modules.state_dict().items()):
-            h.update(name.encode())
-            h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-        return h.hexdigest()
+        return checksum_of(self.modules.state_dict())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.modules.load_state_dict(state["modules"])
@@ -269,3 +265,12 @@ class Block:
             self._costs = (self.index, self.encoder_macs(), self.exit_macs(), self.decode_macs(), self.has_exit,
                            self.exit_decodes)  # fmt: skip
         return self._costs
+
+
+def checksum_of(modules: dict[str, torch.Tensor]) -> str:
+    """SHA-256 of a block's module tensors (its state's "modules"), by name: Block.checksum of a loaded state."""
+    h = hashlib.sha256()
+    for name, t in sorted(modules.items()):
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()

@@ -12,27 +12,29 @@ from growpipe.nn.backbones import FEATURE_FAMILIES, growth_encoder, output_shape
 from growpipe.nn.block import Block
 from growpipe.nn.guard import SKIPPED
 from growpipe.nn.inference import Decode, EarlyExit, Exited, early_exit_through, exit_costs
-from growpipe.nn.methods import RULES, build_block
+from growpipe.nn.methods import RULES, block_arch, build_block
 from growpipe.nn.methods.bp import train_chain
 from growpipe.nn.packet import Packet
 from growpipe.nn.specs import BlockSpec, InputInfo
 
 
-def plan_blocks(net: NetSpec, method: str, info: InputInfo) -> list[BlockSpec]:
-    """Specs of the initial blocks: the backbone cut into net.blocks pieces, exits as the rule `method` wants."""
+def plan_blocks(net: NetSpec, rule: RuleSettings, info: InputInfo) -> list[BlockSpec]:
+    """Specs of the initial blocks: the backbone cut into net.blocks pieces, exits as the learning rule wants,
+    each with the rule and its architecture choices (block_arch), so the spec alone rebuilds the block."""
     encoders = plan_encoders(net, info)
-    rule = RULES[method]
+    known, arch = RULES[rule.method], block_arch(rule)
     return [
-        BlockSpec(i, enc, rule.exit_everywhere or i == len(encoders) - 1, info.num_classes)
+        BlockSpec(i, enc, known.exit_everywhere or i == len(encoders) - 1, info.num_classes, rule.method, arch)
         for i, enc in enumerate(encoders)
     ]
 
 
 def plan_growth_block(net: NetSpec, info: InputInfo, last: BlockSpec, step: GrowStep) -> BlockSpec:
-    """The spec of the block a growth step appends on top of `last`."""
+    """The spec of the block a growth step appends on top of `last`: the encoder the step describes, the rule
+    and architecture choices of `last` (a net's heads agree: AL's label codes pass from block to block)."""
     shape, _ = output_shape(last.encoder, info)
     enc = growth_encoder(net, info, last.encoder, shape, step)
-    return BlockSpec(last.index + 1, enc, True, info.num_classes)
+    return BlockSpec(last.index + 1, enc, True, info.num_classes, last.method, dict(last.arch))
 
 
 class GrowableNet:
@@ -51,7 +53,7 @@ class GrowableNet:
               ) -> GrowableNet:  # fmt: skip
         """The initial net: the backbone `net_spec` cut into net_spec.blocks blocks."""
         net = cls(rule, info, device)
-        for spec in plan_blocks(net_spec, rule.method, info):
+        for spec in plan_blocks(net_spec, rule, info):
             net.append(build_block(rule, spec, info))
         return net
 

@@ -83,17 +83,25 @@ class EncoderSpec:
 
 @dataclass(frozen=True)
 class BlockSpec:
-    """A block: its position, its encoder, whether it has an exit head, the label space."""
+    """A block: its position, its encoder, whether it has an exit head, the label space, and its learning rule
+    with the rule's architecture choices (`arch`): everything build_block needs to build it the same whatever
+    the run config says (the config gives only its training settings: seed, optimizer, loss weights)."""
 
     index: int
     encoder: EncoderSpec
     has_exit: bool
     num_classes: int
+    method: str
+    """The learning rule whose block this is (al | scpl | dascpl | bp)."""
+    arch: dict[str, Any]
+    """The rule's choices that shape the block's heads (AL's code_dim, SCPL's classifier_norm, ...;
+    growpipe.nn.methods.block_arch)."""
 
     def to_dict(self) -> dict[str, Any]:
         e = self.encoder
         encoder = {"family": e.family, "in_shape": list(e.in_shape), "in_dtype": e.in_dtype, "params": dict(e.params)}
-        return {"index": self.index, "encoder": encoder, "has_exit": self.has_exit, "num_classes": self.num_classes}
+        return {"index": self.index, "encoder": encoder, "has_exit": self.has_exit, "num_classes": self.num_classes,
+                "method": self.method, "arch": dict(self.arch)}  # fmt: skip
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BlockSpec:
@@ -103,4 +111,6 @@ class BlockSpec:
             encoder=EncoderSpec(e["family"], tuple(e["in_shape"]), e["in_dtype"], dict(e["params"])),
             has_exit=d["has_exit"],
             num_classes=d["num_classes"],
+            method=d["method"],
+            arch=dict(d["arch"]),
         )

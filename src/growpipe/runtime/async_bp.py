@@ -195,34 +195,64 @@ def one_f_one_b_order(stages: int, batches: int) -> list[list[tuple[str, int]]]:
     return orders
 
 
-def submit_epoch(stages: list[Any], epoch: int, first: int, batches: int) -> list[Any]:
-    """Submit `batches` batches of an epoch from batch `first` on in 1F1B order to the stage actors (each
-    actor runs its calls in submission order); a call is submitted once the call it depends on has been;
-    returns stage 0's backward refs (the last to finish)."""
-    k = len(stages)
-    orders = [[(op, first + m) for op, m in ops] for ops in one_f_one_b_order(k, batches)]
-    fwd: dict[tuple[int, int], Any] = {}
-    bwd: dict[tuple[int, int], Any] = {}
-    pos = [0] * k
-    while any(pos[i] < len(orders[i]) for i in range(k)):
-        progressed = False
-        for i in range(k):
-            while pos[i] < len(orders[i]):
-                op, m = orders[i][pos[i]]
-                if op == "F":
-                    if i > 0 and (i - 1, m) not in fwd:
-                        break
-                    args = (epoch, m) if i == 0 else (epoch, m, fwd[(i - 1, m)])
-                    fwd[(i, m)] = stages[i].forward.remote(*args)
-                else:
-                    if i < k - 1 and (i + 1, m) not in bwd:
-                        break
-                    bwd[(i, m)] = stages[i].backward.remote(m, None if i == k - 1 else bwd[(i + 1, m)])
-                pos[i] += 1
-                progressed = True
-        if not progressed:
+class Stretch:
+    """One stretch of an epoch (`batches` mini-batches from batch `first` on) submitted in 1F1B order to the stage
+    actors (each actor runs its calls in submission order), a few mini-batches at a time (`submit`), so that it can
+    end early between two mini-batches (`end_before`) with nothing but a shorter stretch's drain: its order is a
+    prefix of the longer one's up to the first forward not submitted, then that stretch's remaining backwards."""
+
+    def __init__(self, stages: list[Any], epoch: int, first: int, batches: int):
+        self.stages, self.epoch, self.first = stages, epoch, first
+        self.batches = batches  # mini-batches in the stretch (fewer once ended early)
+        self._orders = one_f_one_b_order(len(stages), batches)
+        self._pos = [0] * len(stages)
+        self._fwd: dict[tuple[int, int], Any] = {}
+        self._bwd: dict[tuple[int, int], Any] = {}
+        self.submitted = 0  # mini-batches whose forward stage 0 has been given
+
+    def submit(self, upto: int) -> None:
+        """Submit every call of the first `upto` mini-batches that its order lets through (a call once the call it
+        depends on has been); no forward of a later one."""
+        upto = min(upto, self.batches)
+        k = len(self.stages)
+        progressed = True
+        while progressed:
+            progressed = False
+            for i in range(k):
+                progressed = self._submit_stage(i, upto) or progressed
+        self.submitted = max(self.submitted, upto)
+        if upto == self.batches and any(pos < len(ops) for pos, ops in zip(self._pos, self._orders, strict=True)):
             raise StageError("1F1B schedule deadlocked (a bug in the order)")
-    return [bwd[(0, first + m)] for m in range(batches)]
+
+    def _submit_stage(self, i: int, upto: int) -> bool:
+        """Submit stage i's next calls until one waits for another stage's or is a forward of mini-batch `upto`
+        or later; whether any was."""
+        k, ops, before = len(self.stages), self._orders[i], self._pos[i]
+        while self._pos[i] < len(ops):
+            op, m = ops[self._pos[i]]
+            b = self.first + m
+            if op == "F":
+                if m >= upto or (i > 0 and (i - 1, b) not in self._fwd):
+                    break
+                args = (self.epoch, b) if i == 0 else (self.epoch, b, self._fwd[(i - 1, b)])
+                self._fwd[(i, b)] = self.stages[i].forward.remote(*args)
+            else:
+                if i < k - 1 and (i + 1, b) not in self._bwd:
+                    break
+                self._bwd[(i, b)] = self.stages[i].backward.remote(b, None if i == k - 1 else self._bwd[(i + 1, b)])
+            self._pos[i] += 1
+        return self._pos[i] > before
+
+    def end_before(self, batches: int) -> None:
+        """End the stretch after its first `batches` mini-batches, all of whose forwards stage 0 has (no fewer:
+        those are trained)."""
+        assert self.submitted <= batches <= self.batches, "a stretch ends after the forwards it has given"
+        self.batches = batches
+        self._orders = one_f_one_b_order(len(self.stages), batches)
+
+    def last_call(self, m: int) -> Any:
+        """The ref of mini-batch `m`'s (of the stretch) last call: stage 0's backward (submitted)."""
+        return self._bwd[(0, self.first + m)]
 
 
 def check_1f1b(cfg: RunConfig, batches: int) -> None:

@@ -10,7 +10,6 @@ import ray
 
 from growpipe.config import check_run_name
 from growpipe.errors import InputError, PipelineError
-from growpipe.runtime import NAMESPACE
 from growpipe.runtime.cluster_record import (
     AUTH_MODE_VAR,
     choose_cluster,
@@ -18,6 +17,7 @@ from growpipe.runtime.cluster_record import (
     read_record,
     use_token_auth,
 )
+from growpipe.runtime.names import controllers, run_of
 from growpipe.runtime.pipeline import join_cluster
 from growpipe.workdir import JOB_RESULTS_DIR, absolute
 
@@ -56,22 +56,21 @@ def connect_existing(address: str | None = None, run: str | None = None) -> str:
 
 def running_runs() -> list[str]:
     """Names of the runs whose controllers live on this cluster."""
-    actors = ray.util.list_named_actors(all_namespaces=True)
-    return sorted(a["name"] for a in actors if a.get("namespace") == NAMESPACE and "/stage" not in a["name"])
+    return sorted({run_of(name) or name for name, _, _ in controllers()})
 
 
 def find_run(name: str) -> Any:
-    """The controller handle of run `name`; InputError naming the cluster asked and the runs there are when it
-    does not exist."""
+    """The controller handle of run `name` (the one whose run has not ended, when an ended one still answers);
+    InputError naming the cluster asked and the runs there are when there is none."""
     check_run_name(name, "--run")
-    try:
-        return ray.get_actor(name, namespace=NAMESPACE)
-    except ValueError:
-        runs = running_runs()
-        there = f"running: {', '.join(runs)}" if runs else "no growpipe run is running there"
-        gcs = ray.get_runtime_context().gcs_address
-        raise InputError(f"--run: no run named {name!r} on this cluster ({there}); asked the Ray cluster at {gcs} "
-                         f"({_chosen_by}): choose another with --address ADDR or RAY_ADDRESS") from None  # fmt: skip
+    live = controllers(name)
+    if live:
+        return min(live, key=lambda found: bool(found[2] and found[2]["ended"]))[1]
+    runs = running_runs()
+    there = f"running: {', '.join(runs)}" if runs else "no growpipe run is running there"
+    gcs = ray.get_runtime_context().gcs_address
+    raise InputError(f"--run: no run named {name!r} on this cluster ({there}); asked the Ray cluster at {gcs} "
+                     f"({_chosen_by}): choose another with --address ADDR or RAY_ADDRESS")  # fmt: skip
 
 
 def request_growth(name: str, request: dict[str, Any], timeout_s: float = 600.0) -> dict[str, Any]:

@@ -1,7 +1,11 @@
-"""Controller: the actor that hosts a run's loop on the cluster, named after the run so that `growpipe grow`
-finds it. It picks the engine from the config (the local-learning pipeline, GPipe / 1F1B, or Ray Train DDP),
-runs the loop in one thread and answers the driver's event stream, status and grow calls from others
-(threaded, no CPU)."""
+"""Controller: the actor that hosts a run's loop on the cluster, named `RUN@ATTEMPT` (runtime/names.py) so that
+`growpipe grow --run RUN` finds it. It picks the engine from the config (the local-learning pipeline, GPipe /
+1F1B, or Ray Train DDP), runs the loop in one thread and answers the driver's event stream, status and grow
+calls from others (threaded, no CPU).
+
+It owns its shutdown: `stop()` ends the run midway (its engine stopped, so run() returns at once), run()'s end
+releases the engine, and `close()`, the driver's last call, ends the actor the orderly way (ray.actor.exit_actor,
+once the calls running in it returned). The driver kills it only when it does not end within a bound."""
 
 from __future__ import annotations
 
@@ -26,26 +30,28 @@ from growpipe.runtime.pipeline_engine import PipelineEngine
 POSITION_EVERY_S = 0.5  # how often a progress bar's position is pushed while an epoch runs
 
 
-def make_engine(cfg: RunConfig, run_name: str, reserved: tuple[Any, int] | None, say: Any) -> Engine:
-    """The Ray engine the config names (RunConfig.engine)."""
-    if cfg.engine() == "pipeline":
-        return PipelineEngine(cfg, run_name, reserved, say)
+def make_engine(cfg: RunConfig, run_name: str, reserved: tuple[Any, int] | None, say: Any,
+                actor_name: str | None = None) -> Engine:  # fmt: skip
+    """The Ray engine the config names (RunConfig.engine). A stage engine names its actors after `actor_name`,
+    the controller's (runtime/names.py: RUN@ATTEMPT/stageK), DDP its Ray Train storage after the run."""
     if cfg.engine() == "ddp":
         return DDPEngine(cfg, run_name, reserved, say)
-    return BPPipelineEngine(cfg, run_name, reserved, say)
+    stages = PipelineEngine if cfg.engine() == "pipeline" else BPPipelineEngine
+    return stages(cfg, actor_name or run_name, reserved, say)
 
 
 class Controller:
     """One run on the cluster: its loop, its engine and its events."""
 
     def __init__(self, cfg: RunConfig, run_name: str, reserved: tuple[Any, int] | None = None,
-                 resume: str | None = None):  # fmt: skip
+                 resume: str | None = None, actor_name: str | None = None):  # fmt: skip
         """`reserved` = (placement group, first bundle) to place the stages in (a Tune trial's); `resume`:
-        the checkpoint directory to start from (`cfg` names the MLflow run it continues: growpipe.resume)."""
+        the checkpoint directory to start from (`cfg` names the MLflow run it continues: growpipe.resume);
+        `actor_name`: this actor's name (RUN@ATTEMPT), after which its stage actors are named."""
         self.events = RunEvents()
         store = checkpoint_store(cfg, run_name)
         say = self.events.say
-        engine = make_engine(cfg, run_name, reserved, say)
+        engine = make_engine(cfg, run_name, reserved, say, actor_name)
         callbacks = [*run_callbacks(cfg, run_name, say, on_ray=True), self.events]
         self.loop = RunLoop(cfg, engine, run_name=run_name, store=store, callbacks=callbacks, say=say,
                             resume=resume)  # fmt: skip
@@ -60,7 +66,7 @@ class Controller:
         self.events.paced = paced
         self.loop.feed.every_s = POSITION_EVERY_S if positions else None
         try:
-            result = self.loop.run()
+            result = self.loop.run()  # its engine is stopped when it returns
         finally:
             self.events.end()
         if "error" in result:
@@ -80,43 +86,49 @@ class Controller:
         """Append a block to this running job (see RunLoop.grow)."""
         return self.loop.grow(request)
 
-    def rendezvous(self, report: dict[str, Any] | None) -> dict[str, Any]:
-        """From rank 0 of the DDP engine's Ray Train workers: hand in the report of the order they finished
-        and wait for the next (growpipe.runtime.mailbox)."""
-        return self.loop.engine.mailbox.serve(report)  # type: ignore[attr-defined]
-
     def final_state(self) -> dict[str, Any] | None:
         """After FINISHED: the topology, input description and every block's state."""
         return self.loop.final()
 
     def status(self) -> dict[str, Any]:
-        """A small snapshot: state, finished epochs, blocks."""
-        return self.loop.status()
+        """A small snapshot: state, finished epochs, blocks, and whether the run has ended (`ended`)."""
+        return {**self.loop.status(), "ended": self.loop.state.terminal}
 
-    def shutdown(self, reason: str | None = None) -> None:
-        """Release every worker and placement group now (the driver calls this before killing the
-        controller: placement groups outlive the actor that made them); `reason`: the run was stopped
-        before its end (recorded as KILLED)."""
+    def stop(self, reason: str | None = None) -> None:
+        """End the run midway: recorded as stopped (`reason`; KILLED in MLflow), grow requests refused, the
+        engine stopped (its workers and placement groups released), so that run() returns at once; a paced
+        run waits for no follower any more."""
         self.loop.shutdown(reason)
         self.events.release()
 
+    def close(self) -> None:
+        """The driver's last call (after run() returned, or after stop()): whatever the engine still holds is
+        released (run() may never have run), the event stream ends, and this actor exits once the calls
+        running in it have returned (ray.actor.exit_actor): the call fails as the driver sees it die. Killing
+        a threaded actor outright instead can abort it in Ray's core (a native dump in the driver's output)."""
+        self.loop.shutdown()
+        self.events.release()
+        self.events.end()
+        ray.actor.exit_actor()
 
-def launch_controller(cfg: RunConfig, run_name: str, reserved: tuple[Any, int] | None = None,
+
+def launch_controller(cfg: RunConfig, run_name: str, actor_name: str, reserved: tuple[Any, int] | None = None,
                       resume: str | None = None) -> Any:  # fmt: skip
-    """Start a run's controller actor: named (found by run name in the growpipe namespace), threaded, no CPU,
-    on the head node (else the driver's), so that losing a worker node never takes the run's loop with it."""
+    """Start a run's controller actor: named `actor_name` (RUN@ATTEMPT: found by run name in the growpipe
+    namespace, runtime/names.py), threaded, no CPU, on the head node (else the driver's), so that losing a
+    worker node never takes the run's loop with it."""
     heads = [n["NodeID"] for n in ray.nodes() if n["Alive"] and "node:__internal_head__" in n["Resources"]]
     node = heads[0] if heads else ray.get_runtime_context().get_node_id()
     here = NodeAffinitySchedulingStrategy(node_id=node, soft=not heads)  # it needs no CPU: the head always fits
     return (
         ray.remote(Controller)
         .options(
-            name=run_name,
+            name=actor_name,
             namespace=NAMESPACE,
             num_cpus=0,
-            max_concurrency=16,  # run() + the event stream + took() + grow() calls + a DDP rendezvous
+            max_concurrency=16,  # run() + the event stream + took() + grow() calls
             runtime_env={"env_vars": envvars.forwarded()},
             scheduling_strategy=here,
         )
-        .remote(cfg, run_name, reserved, resume)
+        .remote(cfg, run_name, reserved, resume, actor_name)
     )

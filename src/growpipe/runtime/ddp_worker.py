@@ -1,9 +1,12 @@
-"""What every Ray Train worker of the DDP engine runs (growpipe.runtime.ddp): a replica of the whole net on its
-shard of each global mini-batch, answering the engine's orders one at a time.
+"""What runs on the DDP engine's Ray Train workers (growpipe.runtime.ddp): the train function, which owns its
+epochs, and the one-off tasks that read a net out of a checkpoint.
 
-Rank 0 fetches each order from the engine's mailbox (through the run's controller actor) and broadcasts it;
-every worker runs it and calls ray.train.report, with a checkpoint (growpipe's shard format plus
-`report.json`) whenever the order changed the weights; the engine names that checkpoint in its next order.
+Every worker holds a replica of the whole net and trains its shard of each global mini-batch. The train function
+starts from `ray.train.get_checkpoint()` when Ray Train restarted its group (a worker was lost), else from the
+checkpoint the engine named (a new trainer: the run's start, a growth, a restore). It trains from there to the
+run's last epoch and reports every part (an epoch, or up to a mid-epoch restore point) through `ray.train.report`
+with a checkpoint: growpipe's shards plus `part.json`. Rank 0 then hands the part to the engine's channel, which
+also tells it when to stop before its next batch (a growth waits, or the run ends).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import ray
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -24,17 +28,18 @@ from growpipe.checkpoint import block_file, encode_shard, load_states
 from growpipe.config import RunConfig, build_config
 from growpipe.data import load_data
 from growpipe.data.batches import epoch_batches
-from growpipe.errors import GrowpipeError, NonFiniteError
+from growpipe.errors import NonFiniteError
 from growpipe.evaluation import evaluate_net, measure_early_exit
 from growpipe.nn.backbones import encoder_of
+from growpipe.nn.block import Block
 from growpipe.nn.guard import SKIPPED, guarded_update
 from growpipe.nn.methods import build_block
 from growpipe.nn.net import GrowableNet
 from growpipe.nn.specs import BlockSpec, InputInfo
-from growpipe.runtime import NAMESPACE
+from growpipe.quiet import quiet_libraries
 from growpipe.runtime.stage_base import cpu_copy
 
-REPORT = "report.json"
+PART = "part.json"
 
 
 class Chain(nn.Module):
@@ -56,6 +61,71 @@ class Chain(nn.Module):
         return self.head(self.encoder_list[-1].pool(x, mask))
 
 
+def assemble(cfg: RunConfig, info: InputInfo, topology: list[dict[str, Any]], frozen: int,
+             start: dict[str, Any] | None) -> list[Block]:  # fmt: skip
+    """The blocks of `topology` (seeded: equal wherever built), with the states checkpoint `start` ({fs, path,
+    shards}) holds loaded (a block it does not hold stays fresh: a growth), the first `frozen` frozen."""
+    blocks = [build_block(cfg.rule(), BlockSpec.from_dict(d), info) for d in topology]
+    if start:
+        held = [b for b in blocks if any(b.index in e["blocks"] for e in start["shards"])]
+        for b, state in zip(held, load_states(start["fs"], start["path"], start["shards"], [b.index for b in held]),
+                            strict=True):  # fmt: skip
+            b.load_state_dict(state)
+    for b in blocks[:frozen]:
+        if not b.frozen:
+            b.freeze()
+    return blocks
+
+
+def as_net(cfg: RunConfig, info: InputInfo, blocks: list[Block]) -> GrowableNet:
+    net = GrowableNet(cfg.rule(), info)
+    for b in blocks:
+        net.append(b)
+    return net
+
+
+@ray.remote(num_cpus=0)
+def describe_data(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The input description the blocks are planned from, and the data's record (DataBundle.describe)."""
+    cfg = build_config(config, "ddp config")
+    bundle = load_data(cfg.data, cfg.seed)
+    return InputInfo.from_bundle(bundle, cfg.net).to_dict(), bundle.describe()
+
+
+@ray.remote
+def measure_net(config: dict[str, Any], topology: list[dict[str, Any]], frozen: int, start: dict[str, Any] | None,
+                threshold: float | None = None, early_exit: bool = False) -> dict[str, Any]:  # fmt: skip
+    """Evaluate the net checkpoint `start` holds (or its real early exit at `threshold`) on the test split."""
+    cfg = build_config(config, "ddp config")
+    bundle = load_data(cfg.data, cfg.seed)
+    info = InputInfo.from_bundle(bundle, cfg.net)
+    net = as_net(cfg, info, assemble(cfg, info, topology, frozen, start))
+    if early_exit:
+        return measure_early_exit(net, bundle, cfg.eval, threshold)
+    return evaluate_net(net, bundle, cfg.eval)
+
+
+class StopFlag:
+    """Whether the engine asked to stop, the same answer on every worker (each asks the channel without waiting,
+    then every rank takes the largest answer)."""
+
+    def __init__(self, channel: Any, device: torch.device):
+        self.ref = channel.stopped.remote()
+        self.device = device
+
+    def is_set(self) -> bool:  # this worker's own view (a hold waits on it: growpipe.faults.hold_before)
+        return self.wait(0)
+
+    def wait(self, timeout: float) -> bool:
+        return bool(ray.wait([self.ref], timeout=timeout)[0])
+
+    def __call__(self) -> bool:
+        flag = torch.tensor([float(self.is_set())], device=self.device)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+
 class Replica:
     """One worker's copy of the net and its data."""
 
@@ -64,33 +134,21 @@ class Replica:
         torch.set_num_threads(max(1, int(cfg.runtime.cpus_per_stage)))
         self.bundle = load_data(cfg.data, cfg.seed)
         self.info = InputInfo.from_bundle(self.bundle, cfg.net)
-        self.blocks: list[Any] = []
+        self.blocks: list[Block] = []
         self.model: Any = None
         self.steps = 0  # training steps run by this worker (for fault injection)
 
     def setup(self, topology: list[dict[str, Any]], frozen: int, start: dict[str, Any] | None) -> None:
-        """Build the blocks of `topology` (seeded: equal on every worker), load what `start` holds of them,
-        freeze the first `frozen`, and wrap them for DDP."""
         import ray.train.torch
 
-        self.blocks = [build_block(self.cfg.rule(), BlockSpec.from_dict(d), self.info) for d in topology]
-        if start:
-            held = [b for b in self.blocks if any(b.index in e["blocks"] for e in start["shards"])]
-            states = load_states(start["fs"], start["path"], start["shards"], [b.index for b in held])
-            for b, state in zip(held, states, strict=True):
-                b.load_state_dict(state)
-        for b in self.blocks[:frozen]:
-            if not b.frozen:
-                b.freeze()
+        self.blocks = assemble(self.cfg, self.info, topology, frozen, start)
         self.model = ray.train.torch.prepare_model(Chain(self.blocks))  # DDP: rank 0's weights broadcast
 
-    def describe(self) -> dict[str, Any]:
-        return {"info": self.info.to_dict(), "data": self.bundle.describe()}
-
-    def train(self, epoch: int, start: int, stop_at: int | None) -> dict[str, Any]:
-        """Train this worker's shard of each global mini-batch of `epoch` from batch `start` (before `stop_at`)."""
+    def train(self, epoch: int, start: int, every: int, stop: StopFlag) -> dict[str, Any]:
+        """Train this worker's shard of each global mini-batch of `epoch` from batch `start`, up to its end, the
+        next multiple of `every` (a restore point; 0: none) or a stop; what it did ({"at": the batch it stopped
+        before, or None at the epoch's end})."""
         device = next(self.model.parameters()).device
-        split, bs = self.bundle.train, self.cfg.data.batch_size
         self.model.train()
         for b in self.blocks:
             if b.frozen:
@@ -98,11 +156,12 @@ class Replica:
         trainable = [b for b in self.blocks if not b.frozen]
         optimizers = [b.optimizers["all"] for b in trainable]
         last = self.blocks[-1]
-        loss_sum, batches, skipped, samples, t0, paused_at = 0.0, 0, 0, 0, time.perf_counter(), None
-        for batch in epoch_batches(split, bs, seed=self.cfg.seed, epoch=epoch, start_batch=start, augment=True,
-                                   shard=(self.rank, self.world)):  # fmt: skip
-            if stop_at is not None and batch.index >= stop_at:
-                paused_at = batch.index
+        loss_sum, batches, skipped, samples, t0, at = 0.0, 0, 0, 0, time.perf_counter(), None
+        for batch in epoch_batches(self.bundle.train, self.cfg.data.batch_size, seed=self.cfg.seed, epoch=epoch,
+                                   start_batch=start, augment=True, shard=(self.rank, self.world)):  # fmt: skip
+            faults.hold_before(epoch, batch.index, stop)  # GROWPIPE_HOLD_AT
+            if (every and batch.index > start and batch.index % every == 0) or stop():
+                at = batch.index
                 break
             self.steps += 1
             faults.maybe_die_at(self.rank, self.steps)  # GROWPIPE_DIE_AT
@@ -110,9 +169,8 @@ class Replica:
             with last.computing():
                 loss = F.cross_entropy(self.model(p.x.to(device), None, {}), p.labels().to(device))
             try:  # the backward inside: DDP averages the gradients of all workers there
-                metrics = guarded_update(
-                    {"ce": loss}, optimizers, last.on_nonfinite, replicated=True, grad_clip=last.grad_clip
-                )  # each block's averaged gradients
+                metrics = guarded_update({"ce": loss}, optimizers, last.on_nonfinite, replicated=True,
+                                         grad_clip=last.grad_clip)  # fmt: skip
             except NonFiniteError as e:
                 raise e.located(f"DDP worker {self.rank} (block {last.index}, {type(last).__name__})",
                                 batch=batch.index) from None  # fmt: skip
@@ -124,85 +182,66 @@ class Replica:
             samples += batch.samples
         return {"loss": {f"b{last.index}.ce": loss_sum}, "loss_batches": batches - skipped, "batches": batches,
                 "skipped": {f"b{b.index}": skipped for b in trainable} if skipped else {}, "samples": samples,
-                "busy_s": time.perf_counter() - t0, "paused_at": paused_at}  # fmt: skip
+                "busy_s": time.perf_counter() - t0, "at": at}  # fmt: skip
 
-    def net(self) -> GrowableNet:
-        net = GrowableNet(self.cfg.rule(), self.info)
-        for b in self.blocks:
-            net.append(b)
-        return net
-
-    def write(self, directory: str, report: dict[str, Any]) -> None:
-        """Every block's state as growpipe shards, and `report` (with the shards' entries) as report.json."""
-        shards = []
-        for b in self.blocks:
-            data, entry = encode_shard({b.index: cpu_copy(b.state_dict())}, block_file(b.index))
-            Path(directory, entry["file"]).write_bytes(data)
-            shards.append(entry)
-        report.update(shards=shards)
-        Path(directory, REPORT).write_text(json.dumps(report))
-
-
-def _run(replica: Replica, order: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-    """Run one order; (what rank 0 reports, whether the weights changed)."""
-    op = order["op"]
-    if op == "describe":
-        return replica.describe(), False
-    if op == "train":
-        return replica.train(order["epoch"], order["start"], order["stop_at"]), True
-    if op == "checkpoint":
-        return {}, True
-    if replica.rank:  # evaluation runs on rank 0 alone, the other replicas wait at the report
-        return {}, False
-    if op == "checksums":  # asked for when the loop checks frozen blocks, not hashed at every checkpoint
-        return {"checksums": {b.index: b.checksum() for b in replica.blocks}}, False
-    if op == "evaluate":
-        return {"eval": evaluate_net(replica.net(), replica.bundle, replica.cfg.eval)}, False
-    if op == "early_exit":
-        return {"early_exit": measure_early_exit(replica.net(), replica.bundle, replica.cfg.eval,
-                                                 order["threshold"])}, False  # fmt: skip
-    raise ValueError(f"unknown order {op!r}")
+    def report(self, part: dict[str, Any]) -> dict[str, Any]:
+        """`ray.train.report` of this part with its checkpoint (written by rank 0); on rank 0 the part with the
+        persisted checkpoint's place."""
+        with tempfile.TemporaryDirectory(prefix="growpipe-ddp-") as tmp:
+            checkpoint = None
+            if self.rank == 0:
+                shards = []
+                for b in self.blocks:
+                    data, entry = encode_shard({b.index: cpu_copy(b.state_dict())}, block_file(b.index))
+                    Path(tmp, entry["file"]).write_bytes(data)
+                    shards.append(entry)
+                part = {**part, "shards": shards}
+                Path(tmp, PART).write_text(json.dumps(part))
+                checkpoint = ray.train.Checkpoint.from_directory(tmp)
+            metrics = {"epoch": part["epoch"], "batch": part["at"] or 0, "seq": part["seq"]}
+            ray.train.report(metrics, checkpoint=checkpoint)
+        if self.rank:
+            return part
+        persisted = ray.train.get_checkpoint()
+        return {**part, "checkpoint": {"fs": persisted.filesystem, "path": persisted.path, "shards": part["shards"]}}
 
 
-def worker_loop(config: dict[str, Any]) -> None:
-    """The train function of every Ray Train worker: answer orders until the engine says end.
+def _restarted_from(checkpoint: Any) -> dict[str, Any]:
+    """The part a checkpoint of this trainer holds, with its place."""
+    with checkpoint.filesystem.open_input_stream(f"{checkpoint.path}/{PART}") as f:
+        part = json.loads(f.read())
+    return {**part, "checkpoint": {"fs": checkpoint.filesystem, "path": checkpoint.path, "shards": part["shards"]}}
 
-    Each order names the state it runs on (a version, the topology and the checkpoint holding it); a worker
-    group that is not at that version (it just started: a new trainer, or Ray Train replaced a lost worker)
-    builds the net and loads that checkpoint first, so an order that was in flight when a worker died runs
-    again from where it started."""
+
+def train_fn(config: dict[str, Any]) -> None:
+    """The train function of every Ray Train worker (see the module docstring). `config`: the run config, the
+    topology, the frozen blocks, the checkpoint to start from, the (epoch, batch) it is at, the last epoch,
+    the restore point cadence and the engine's channel."""
     import ray.train
 
+    quiet_libraries()  # Ray Train's INFO line for every report and checkpoint is bookkeeping
     ctx = ray.train.get_context()
-    rank = ctx.get_world_rank()
+    rank, channel = ctx.get_world_rank(), config["channel"]
     replica = Replica(build_config(config["cfg"], "ddp worker config"), rank, ctx.get_world_size())
-    controller = ray.get_actor(config["run"], namespace=NAMESPACE) if rank == 0 else None
-    version, report = None, None
-    while True:
-        box: list[Any] = [ray.get(controller.rendezvous.remote(report)) if controller is not None else None]
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.broadcast_object_list(box, src=0)
-        order: dict[str, Any] = box[0]
-        if order["op"] == "end":
+    start, (epoch, batch), seq = config["start"], config["position"], 0
+    if (checkpoint := ray.train.get_checkpoint()) is not None:  # Ray Train restarted the group from its newest
+        part = _restarted_from(checkpoint)
+        start, seq = part["checkpoint"], part["seq"] + 1
+        epoch, batch = (part["epoch"], part["at"]) if part["at"] is not None else (part["epoch"] + 1, 0)
+        if rank == 0:  # the engine may not have it yet: the worker that died may have held it
+            ray.get(channel.put.remote(part))
+    replica.setup(config["topology"], config["frozen"], start)
+    stop = StopFlag(channel, next(replica.model.parameters()).device)
+    while epoch <= config["last_epoch"]:
+        done = replica.train(epoch, batch, config["every"], stop)
+        part = {"seq": seq, "epoch": epoch, **done, "eval": None, "workers": replica.world}
+        if done["at"] is None and rank == 0:  # rank 0 evaluates, the others wait at the report
+            part["eval"] = evaluate_net(as_net(replica.cfg, replica.info, replica.blocks), replica.bundle,
+                                        replica.cfg.eval)  # fmt: skip
+        part = replica.report(part)
+        if rank == 0:
+            ray.get(channel.put.remote(part))  # waits while the engine is a part behind
+        if done["at"] is not None and stop():
             return
-        state = order.get("state")
-        try:
-            if state is not None and state["version"] != version:
-                replica.setup(state["topology"], state["frozen"], state["start"])
-                version = state["version"]
-            answer, changed = _run(replica, order)
-        except (GrowpipeError, ValueError) as e:  # the same on every replica: said once, not retried by Train
-            answer, changed = {"error": e}, False
-        report = {**answer, "seq": order["seq"]}
-        if changed and "error" not in answer:
-            version = order["seq"]
-            with tempfile.TemporaryDirectory(prefix="growpipe-ddp-") as tmp:
-                if rank == 0:
-                    replica.write(tmp, report)
-                checkpoint = ray.train.Checkpoint.from_directory(tmp) if rank == 0 else None
-                ray.train.report({"seq": order["seq"]}, checkpoint=checkpoint)
-            if rank == 0:
-                persisted = ray.train.get_checkpoint()
-                report.update(path=persisted.path, fs=persisted.filesystem)
-        else:
-            ray.train.report({"seq": order["seq"]})
+        seq += 1
+        epoch, batch = (epoch, done["at"]) if done["at"] is not None else (epoch + 1, 0)

@@ -4,10 +4,11 @@ asynchronous 1F1B with weight stashing or SpecTrain (runtime.engine gpipe / 1f1b
 GPipe: per mini-batch the engine submits every micro-batch's forward through the stages (stage 0 cuts the
 micro-batches from its own data), the backwards in reverse order (each stage hands the gradient of its input
 upstream), then one optimizer step per stage: one synchronous update per mini-batch, so the weights follow
-single-process BP on the same mini-batches up to float rounding. It pauses between mini-batches.
+single-process BP on the same mini-batches up to float rounding. A pause stops it before the next mini-batch.
 
-1F1B submits a whole stretch of mini-batches at once (no flush inside it), so it pauses only where the
-stretch ends: at the end of the epoch or at a batch checkpoint.
+1F1B submits the epoch's stretch of mini-batches (to its end, or to a batch checkpoint) in 1F1B order with no
+flush inside it, a few mini-batches ahead of the oldest one not done (async_bp.Stretch); a pause ends the stretch
+after the mini-batches already given to stage 0: their backwards drain, then the epoch stops there.
 """
 
 from __future__ import annotations
@@ -19,16 +20,17 @@ from typing import Any, cast
 from growpipe.config import RunConfig
 from growpipe.data.batches import micro_slices
 from growpipe.errors import ConfigError
-from growpipe.loop.engine import EpochPart, Poll, Prepared
+from growpipe.loop.engine import EpochPart, Pause, Prepared
 from growpipe.loop.topology import Layout
 from growpipe.nn.specs import BlockSpec
-from growpipe.runtime.async_bp import AsyncBPStage, check_1f1b, submit_epoch
+from growpipe.runtime.async_bp import AsyncBPStage, Stretch, check_1f1b
 from growpipe.runtime.bp_checks import bp_problems
 from growpipe.runtime.bp_stage import BPStage
 from growpipe.runtime.stage_engine import Slot, StageEngine
 
 BATCHES_AHEAD = 2
-"""Mini-batches GPipe submits before waiting for the oldest one's optimizer steps."""
+"""Mini-batches GPipe submits before waiting for the oldest one's optimizer steps; 1F1B submits as many past
+the stages in flight (a pause drains what was submitted)."""
 
 
 def schedule_name(cfg: RunConfig) -> str:
@@ -54,7 +56,7 @@ class BPPipelineEngine(StageEngine):
         self.actor_class = AsyncBPStage if self.one_f_one_b else BPStage
         self.name = f"ray-{cfg.engine()}"
         self.n = 0
-        self._position = (0, 0)
+        self._position: tuple[int, int] | None = None  # of the running epoch (Engine.position)
 
     def build(self, specs: list[BlockSpec], layout: dict[str, Any] | None) -> str:
         if any((layout or {}).get("hosts") or []):
@@ -81,37 +83,46 @@ class BPPipelineEngine(StageEngine):
             slot.block_name = name
 
     # ---- epochs ---------------------------------------------------------------------------------------
-    def run_epoch(self, epoch: int, start_batch: int, stop_at: int | None, poll: Poll) -> EpochPart:
+    def run_epoch(self, epoch: int, start_batch: int, stop_at: int | None, pause: Pause) -> EpochPart:
         bs = self.cfg.data.batch_size
         total = math.ceil(self.n / bs)
         end = total if stop_at is None else min(stop_at, total)
         self._position = (start_batch, total)
-        if self.one_f_one_b and end > start_batch:
-            refs = submit_epoch([s.handle for s in self.slots], epoch, start_batch, end - start_batch)
-            try:
-                self._wait_long(refs[-1])
-            except Exception:  # the error of the earliest mini-batch that failed, not of the last one
-                self._get_all(refs, "a 1F1B epoch")
-                raise
-            self._get_all(refs, "a 1F1B epoch")  # all done: surfaces an error of any of them
-            self._position = (end, total)
-            paused_at = None if end >= total else end
-        elif self.one_f_one_b:
+        if self.one_f_one_b:
+            end = self._1f1b(epoch, start_batch, end, total, pause)
             paused_at = None if end >= total else end
         else:
-            paused_at = self._gpipe(epoch, start_batch, end, total, poll)
+            paused_at = self._gpipe(epoch, start_batch, end, total, pause)
+        self._position = None  # no epoch runs: no position for a progress bar to show
         stats = self._get_all([s.handle.epoch_stats.remote() for s in self.slots], "collecting the stage statistics")
         done = (total if paused_at is None else paused_at) - start_batch
         samples = min(self.n, (start_batch + done) * bs) - start_batch * bs
         return EpochPart(stats, samples, paused_at)
 
-    def _gpipe(self, epoch: int, start: int, end: int, total: int, poll: Poll) -> int | None:
+    def _1f1b(self, epoch: int, start: int, end: int, total: int, pause: Pause) -> int:
+        """Train mini-batches `start`..`end` - 1 in 1F1B order, waiting for each one's last call in turn (the
+        error of the earliest one that failed is raised) and submitting the next ones as each is done; a pause
+        ends the stretch after those stage 0 has been given. The batch it stopped before."""
+        stretch = Stretch([s.handle for s in self.slots], epoch, start, end - start)
+        ahead = len(self.slots) + BATCHES_AHEAD
+        stretch.submit(ahead)
+        done = 0
+        while done < stretch.batches:
+            if stretch.batches > stretch.submitted and pause.check():
+                stretch.end_before(stretch.submitted)
+            stretch.submit(done + ahead)
+            self._get(stretch.last_call(done), "a 1F1B mini-batch")
+            done += 1
+            self._position = (start + done, total)
+        return start + stretch.batches
+
+    def _gpipe(self, epoch: int, start: int, end: int, total: int, pause: Pause) -> int | None:
         bs, m_batches = self.cfg.data.batch_size, self.cfg.bp_pipeline.micro_batches
         stages = [s.handle for s in self.slots]
         pending: deque[list[Any]] = deque()
         paused_at = None
         for b in range(start, end):
-            if poll():
+            if pause.check():
                 paused_at = b
                 break
             size = min(bs, self.n - b * bs)

@@ -1,6 +1,6 @@
 """Driver-side handle of a run on Ray (any method: the controller picks the engine): connect to (or start)
 Ray, launch the controller, follow the events it pushes (lines, epochs, the bar's position), return the result,
-clean up."""
+close the controller (it ends itself: runtime/controller.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -24,11 +25,12 @@ from growpipe.quiet import quiet_libraries, quiet_ray_job_actors
 from growpipe.runtime import NAMESPACE
 from growpipe.runtime.cluster_record import AUTH_MODE_VAR, auth_problem, gcs_unreachable, has_token, use_token_auth
 from growpipe.runtime.controller import launch_controller
-from growpipe.runtime.names import names_free
+from growpipe.runtime.names import controller_name, controllers
 from growpipe.runtime.placement import reserved_bundles_problem
 from growpipe.runtime.transport import check_transport
 
 SIGNAL_CHECK_S = 0.5  # how long a wait for the next event goes without looking for a swallowed Ctrl-C
+END_WAIT_S = 30.0  # how long a stopped run's controller may take to return from run() and exit: then it is killed
 
 OnEpoch = Callable[[dict[str, Any], str | None], None]
 
@@ -165,6 +167,7 @@ class Pipeline:
         self.run_name = name
         self.reserved = reserved
         self.dashboard_url: str | None = None
+        self.actor_name: str | None = None  # the controller's (RUN@ATTEMPT, runtime/names.py), once started
         self.controller: Any = None
         self._owns_ray = False
         self._stop_reason: str | None = None
@@ -180,14 +183,11 @@ class Pipeline:
             if why := reserved_bundles_problem(self.cfg, len(pg.bundle_specs), first):
                 raise InputError(why)
         self._owns_ray, self.dashboard_url = connect(self.cfg, self.address)
-        try:
-            ray.get_actor(self.run_name, namespace=NAMESPACE)
-        except ValueError:
-            pass
-        else:
+        if any(status is None or not status["ended"] for _, _, status in controllers(self.run_name)):
             self.stop()
             raise InputError(f"a run named {self.run_name!r} is already running on this cluster; set name: to another")
-        self.controller = launch_controller(self.cfg, self.run_name, self.reserved, self.resume)
+        self.actor_name = controller_name(self.run_name)
+        self.controller = launch_controller(self.cfg, self.run_name, self.actor_name, self.reserved, self.resume)
         return self
 
     def train(
@@ -234,11 +234,11 @@ class Pipeline:
         except SystemExit:  # a Tune scheduler stopping this trial (its report raises it)
             self.stop("stopped early by the Tune scheduler")
             raise
-        except ray.exceptions.RayActorError:  # killed by stop(), or its node went away: said below
+        except ray.exceptions.RayActorError:  # it died (its node went away, or stop() had to kill it): said below
             pass
         try:
             result = ray.get(ref)
-        except ray.exceptions.RayActorError:  # killed by stop(), or its node went away
+        except ray.exceptions.RayActorError:
             why = f"stopped: {self._stop_reason}" if self._stop_reason else "the run's controller actor died"
             raise PipelineError(why) from None
         if "error" in result:
@@ -253,20 +253,17 @@ class Pipeline:
         return GrowableNet.from_states(self.cfg.rule(), final["info"], final["topology"], final["states"])
 
     def stop(self, reason: str | None = None) -> None:
-        """Release the run's workers and placement groups, kill the controller and disconnect if this
-        handle connected. `reason`: the run is stopped before its end (its MLflow run ends KILLED)."""
-        if reason is None and self._running is not None and not ray.wait([self._running], timeout=0)[0]:
+        """End the run's controller and disconnect if this handle connected. A run still going is stopped
+        first (`reason`: why; its MLflow run ends KILLED) and its run() returns; then the controller, closed,
+        has released its workers and placement groups and exits (see _end_controller)."""
+        running = self._running is not None and not ray.wait([self._running], timeout=0)[0]
+        if reason is None and running:
             reason = "the driver stopped following it"  # else its failure policy could restore the stages it lost
         self._stop_reason = self._stop_reason or reason
-        if self.controller is not None:
-            with contextlib.suppress(ray.exceptions.RayError):  # already gone: its resources went with it
-                ray.get(self.controller.shutdown.remote(reason), timeout=30)
-            # No call of the driver's is left running in it when it is killed (a threaded actor killed while a
-            # call completes can abort in Ray's core: a native dump in the driver's output). Not waiting for
-            # run() to return: a trial's controller that outlived shutdown() let Tune record an epoch twice.
-            ray.kill(self.controller, no_restart=True)
-            self.controller = self._running = None
-            names_free([self.run_name], timeout_s=10)  # free again for a next run of the same name
+        controller, self.controller = self.controller, None
+        if controller is not None:
+            _end_controller(controller, self._running if running else None, reason)
+        self._running = None
         if self._owns_ray:
             ray.shutdown()
             self._owns_ray = False
@@ -276,6 +273,21 @@ class Pipeline:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _end_controller(controller: Any, running: Any, reason: str | None) -> None:
+    """Stop the run (given a `reason`, or while its run() call `running` has not returned) and wait until run()
+    has returned, then close the controller: it releases what its engine still holds and exits once its calls
+    have returned. Killed only when that takes more than END_WAIT_S in all (a threaded actor killed while a call
+    of its own completes can abort in Ray's core). A controller already dead has nothing left to wait for."""
+    deadline = time.monotonic() + END_WAIT_S
+    with contextlib.suppress(ray.exceptions.RayError):
+        if reason is not None or running is not None:
+            waits = [controller.stop.remote(reason), *([running] if running is not None else [])]
+            ray.wait(waits, num_returns=len(waits), timeout=END_WAIT_S)
+        closing = controller.close.remote()  # fails once the actor has exited
+        if not ray.wait([closing], timeout=max(0.0, deadline - time.monotonic()))[0]:
+            ray.kill(controller, no_restart=True)  # the last resort: still busy past END_WAIT_S
 
 
 def _events(stream: Any) -> Iterator[dict[str, Any]]:

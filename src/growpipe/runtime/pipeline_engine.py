@@ -2,8 +2,9 @@
 detached output straight to the next; the loop is never on the per-batch path.
 
 An epoch: the source stage (stage 0 with the data, or the stage holding a prefix cache) streams its batches
-(`run_epoch`), the loop's poll can ask it to pause before its next batch, then the stages after it drain in
-order (`flush`) and hand back their statistics. A block that cannot get a stage of its own may be packed
+(`run_epoch`), the loop's Pause asks it to stop before its next batch the moment a grown block is ready (the
+engine only waits on the epoch's ref meanwhile), then the stages after it drain in order (`flush`) and hand
+back their statistics. A block that cannot get a stage of its own may be packed
 into the last stage's actor (grow.on_no_capacity: pack).
 """
 
@@ -18,7 +19,7 @@ from ray.util.placement_group import placement_group_table
 
 from growpipe.checkpoint import CheckpointStore
 from growpipe.errors import PipelineError
-from growpipe.loop.engine import EpochPart, Poll, Prepared
+from growpipe.loop.engine import EpochPart, Pause, Prepared
 from growpipe.loop.policies import pack_host
 from growpipe.loop.topology import Layout, TopologyView
 from growpipe.nn.specs import BlockSpec
@@ -38,6 +39,7 @@ class PipelineEngine(StageEngine):
         self.source = 0  # the stage that streams the epochs: 0 (the data) or the prefix-cache holder
         self.timeline: list[dict[str, Any]] = []
         self.transport: TransportGroup | None = None  # made once Ray runs (the backend depends on its GPUs)
+        self._calls = 0  # run_epoch calls so far: a pause names the call it is for (Stage.request_pause)
 
     def build(self, specs: list[BlockSpec], layout: dict[str, Any] | None) -> str:
         hosts = (layout or {}).get("hosts") or [None] * len(specs)
@@ -90,21 +92,18 @@ class PipelineEngine(StageEngine):
         return [s for s in self.slots if s.host is None]
 
     # ---- epochs ---------------------------------------------------------------------------------------
-    def run_epoch(self, epoch: int, start_batch: int, stop_at: int | None, poll: Poll) -> EpochPart:
+    def run_epoch(self, epoch: int, start_batch: int, stop_at: int | None, pause: Pause) -> EpochPart:
+        if pause.requested:  # a block was ready before the epoch started: nothing to stream
+            return EpochPart([], 0, start_batch)
         record = epoch == self.cfg.runtime.timeline_epoch
         if record:
             self._get_all([s.handle.start_recording.remote() for s in self._own()], "starting the timeline")
         source = self.slots[self.source].handle
-        ref = source.run_epoch.remote(epoch, self._side_groups(), start_batch, stop_at)
-        paused = False
-
-        def check() -> None:
-            nonlocal paused
-            if not paused and poll():  # a block is ready to attach: stop before the next batch
-                paused = True
-                source.request_pause.remote()
-
-        first, paused_at = self._wait_long(ref, check)
+        self._calls += 1
+        call = self._calls
+        ref = source.run_epoch.remote(epoch, self._side_groups(), start_batch, stop_at, call)
+        with pause.forwarded(lambda: source.request_pause.remote(call)):  # a block is ready: stop before the next batch
+            first, paused_at = self._wait_long(ref)
         stats = [first]
         for i, slot in enumerate(self.slots[self.source + 1 :], self.source + 1):
             if slot.host is None:  # a packed block is drained with its host
@@ -236,7 +235,9 @@ class PipelineEngine(StageEngine):
         nodes = [node_of(s.pg, s.bundle) if s.host is None else "" for s in self.slots]
         nodes = [n or nodes[h] if h is not None else n for n, h in zip(nodes, hosts, strict=True)]
         spread = Layout.spread([h if s.home is None else None for s, h in zip(self.slots, hosts, strict=True)])
-        return TopologyView(Layout(tuple(hosts), tuple(runs_in)), spread, placed, nodes)
+        missing = {s.home[0].id: s.home[0] for s, p in zip(self.slots, placed, strict=True) if s.home and not p}
+        wait = lambda timeout_s: placed_again(list(missing.values()), timeout_s)  # noqa: E731
+        return TopologyView(Layout(tuple(hosts), tuple(runs_in)), spread, placed, nodes, wait)
 
     def _home_index(self, slot: Slot) -> int | None:
         """The block whose home bundle this slot's own actor runs in (None: packed)."""
@@ -261,3 +262,13 @@ class PipelineEngine(StageEngine):
         if self.transport is not None:
             self.transport.forget()
         super().stop()
+
+
+def placed_again(groups: list[Any], timeout_s: float) -> bool:
+    """Block until every placement group in `groups` is placed (Ray places a lost node's bundles again once a
+    node has room; a removed group answers at once), at most `timeout_s` seconds; whether all were."""
+    if not groups:
+        return True
+    refs = [pg.ready() for pg in groups]
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    return len(ready) == len(refs)

@@ -56,6 +56,9 @@ class Stage(StageBase, DirectEndpoint):
         self.last_end: float | None = None  # when the previous packet was done (within one flush)
         self.packets_seen = 0
         self._pause = threading.Event()
+        self._pause_lock = threading.Lock()
+        self._call = 0  # the running (or last) run_epoch call, as the engine numbers them
+        self._pause_for = -1  # the call a pause was asked for
         self._position = (0, 0)  # (batches done, batches in the epoch) of the running run_epoch
         self.cache: PrefixCache | None = None
         self._sending_cache = False  # what goes downstream now is a cache pass, not training
@@ -94,14 +97,14 @@ class Stage(StageBase, DirectEndpoint):
 
     # ---- the per-batch path -------------------------------------------------------------------------
     def run_epoch(
-        self, epoch: int, side_groups: tuple[str, ...], start_batch: int = 0, stop_at: int | None = None
+        self, epoch: int, side_groups: tuple[str, ...], start_batch: int = 0, stop_at: int | None = None, call: int = 0
     ) -> tuple[StageStats, int | None]:
         """The source stage (stage 0 with the data, or the one holding the prefix cache): stream one
         epoch of training batches (from `start_batch` on, stopping before batch `stop_at`) through the pipeline.
 
-        Returns this stage's stats and `paused_at`: the batch it stopped before when `request_pause` came
-        or `stop_at` was reached (None when the epoch ran to its end). Everything sent before has been taken
-        downstream.
+        Returns this stage's stats and `paused_at`: the batch it stopped before when `request_pause` came (for
+        this `call`: the engine's number of it) or `stop_at` was reached (None when the epoch ran to its end).
+        Everything sent before has been taken downstream.
         """
         bs, seed = self.cfg.data.batch_size, self.cfg.seed
         if self.cache is not None:
@@ -110,7 +113,10 @@ class Stage(StageBase, DirectEndpoint):
             batches = iterate_batches(self._data().train, bs, shuffle=True, seed=seed, epoch=epoch,
                                       side_groups=side_groups, start_batch=start_batch, augment=True)  # fmt: skip
         paused_at = None
-        self._pause.clear()  # a pause asked for after the previous call had ended is moot
+        with self._pause_lock:
+            self._call = call
+            if self._pause_for != call:  # one asked for an earlier call (after it ended) is moot; this call's
+                self._pause.clear()  # may have come first: request_pause runs in its own concurrency group
         n = self.cache.n if self.cache is not None else len(self.bundle.train)  # type: ignore[union-attr]
         self._position = (start_batch, math.ceil(n / bs))
         while True:
@@ -125,7 +131,9 @@ class Stage(StageBase, DirectEndpoint):
                 break
             self._process(p.to(self.device))
             self._position = (p.index + 1, self._position[1])
-        self._pause.clear()
+        with self._pause_lock:
+            self._pause.clear()
+            self._pause_for = -1
         return self.flush(), paused_at
 
     @ray.method(concurrency_group="control")
@@ -134,9 +142,14 @@ class Stage(StageBase, DirectEndpoint):
         return self._position
 
     @ray.method(concurrency_group="control")
-    def request_pause(self) -> None:
-        """Stage 0: stop the running epoch before its next batch (answered while run_epoch is busy)."""
-        self._pause.set()
+    def request_pause(self, call: int | None = None) -> None:
+        """The source stage: stop run_epoch call `call` (None: the running one) before its next batch (answered
+        while run_epoch is busy, and kept when it comes before that call starts)."""
+        with self._pause_lock:
+            call = self._call if call is None else call
+            if call >= self._call:
+                self._pause_for = call
+                self._pause.set()
 
     def push(self, packets: list[Any], sent_at: float, cache_pass: bool = False, tensors: Any = None) -> None:
         """Called by the previous stage with its next packets; trains on each and passes the outputs on.

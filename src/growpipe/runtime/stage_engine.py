@@ -351,16 +351,11 @@ class StageEngine:
         return (f": the bundle(s) of block(s) {unplaced} are on no live node (a node was lost and no capacity "
                 "replaced it); add a node with a stage's resources or see runtime.on_lost_node")  # fmt: skip
 
-    def _wait_long(self, ref: Any, poll: Any = None) -> Any:
-        """Wait for work of no fixed length (an epoch): a dead stage fails `ref` at once, a stuck packet
-        times out inside the stages (runtime.stage_timeout_s). `poll()` runs between checks."""
+    def _wait_long(self, ref: Any) -> Any:
+        """Wait for work of no fixed length (an epoch, a cache pass) with no timeout of its own: a dead stage
+        fails `ref` at once, a stuck packet times out inside the stages (runtime.stage_timeout_s)."""
         try:
-            while True:
-                ready, _ = ray.wait([ref], timeout=0.2)
-                if ready:
-                    return ray.get(ref)
-                if poll is not None:
-                    poll()
+            return ray.get(ref)
         except ray.exceptions.RayError as e:
             raise ray_error(e) from None
 

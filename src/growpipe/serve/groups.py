@@ -13,11 +13,11 @@ from typing import Any
 import torch
 
 from growpipe.checkpoint import open_checkpoint
-from growpipe.config import build_config
 from growpipe.nn.inference import EarlyExit, Exited, early_exit_through
 from growpipe.nn.methods import build_block
 from growpipe.nn.packet import Packet
 from growpipe.nn.specs import BlockSpec, InputInfo
+from growpipe.saved_config import inference_rule
 from growpipe.serve.predictor import NetVersion
 
 
@@ -41,14 +41,14 @@ class BlockGroupNet:
 
     @classmethod
     def load(cls, checkpoint: str | Path, groups: int, index: int, device: torch.device | str = "cpu") -> BlockGroupNet:
-        """Load group `index` of `groups` of the net in checkpoint directory `checkpoint` (hash-checked)."""
+        """Load group `index` of `groups` of the net in checkpoint directory `checkpoint` (hash-checked), from the
+        manifest's specs and input alone (its saved config is not read; optimizer states are not loaded)."""
         store, target, manifest = open_checkpoint(checkpoint)
-        cfg = build_config(manifest["config"], f"{target}/manifest.json")
-        info, topology, rule = InputInfo.from_dict(manifest["input"]), manifest["topology"], cfg.rule()
+        info, topology, rule = InputInfo.from_dict(manifest["input"]), manifest["topology"], inference_rule(manifest)
 
         def built(i: int, state: dict[str, Any]) -> Any:
             block = build_block(rule, BlockSpec.from_dict(topology[i]), info)
-            block.load_state_dict(state)
+            block.load_state_dict({**state, "optimizers": {}})
             return block.to(device)
 
         mine = list(group_blocks(len(topology), groups, index))

@@ -70,7 +70,7 @@ class Predictor:
     def load(cls, checkpoint: str | Path, device: torch.device | str = "cpu") -> Predictor:
         """Load any checkpoint directory (a run folder: its newest complete checkpoint), hash-checked."""
         _, target, _ = open_checkpoint(checkpoint)
-        net, manifest, _ = load_net(target, device)
+        net, manifest = load_net(target, device)
         return cls(net.info, net.side_groups(), NetVersion.of(target, manifest), net)
 
     @classmethod

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
+import threading
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -13,6 +13,7 @@ from typing import Any
 import ray
 from ray import serve
 
+from growpipe import signals
 from growpipe.config import build_config
 from growpipe.errors import InputError
 from growpipe.quiet import drop_serve_teardown
@@ -57,9 +58,10 @@ def start(source: Source, options: ServeOptions, attempts: int = 3, timeout_s: f
 
 
 def run(source: Source, options: ServeOptions, *, follow_run: bool, address: str | None = None,
-        say: Callable[[str], None] = print, stop: Callable[[], bool] = lambda: False) -> int:  # fmt: skip
-    """Serve until `stop()` (or a signal): the command's body. Everything the user gave is checked before Ray
+        say: Callable[[str], None] = print, stop: threading.Event | None = None) -> int:  # fmt: skip
+    """Serve until `stop` is set (or a signal): the command's body. Everything the user gave is checked before Ray
     starts (the source by `resolve`, the options and the port here)."""
+    stop = stop or threading.Event()
     options.check()
     joining = bool(address or os.environ.get("RAY_ADDRESS"))
     if not joining and (problem := port_problem(options.host, options.port)):  # on a cluster: the head's port
@@ -74,10 +76,10 @@ def run(source: Source, options: ServeOptions, *, follow_run: bool, address: str
         if follow_run:
             say(f"follow run {source.run_store.run_name if source.run_store else '?'}: a new checkpoint is served "
                 "once complete and whole")  # fmt: skip
-            follow(replace(source, ref=status["source"]), options, say, stop=stop, claims=claims)
+            follow(replace(source, ref=status["source"]), options, say, stop=stop.is_set, claims=claims)
         else:
-            while not stop():
-                time.sleep(0.5)
+            signals.check()  # a stop whose KeyboardInterrupt was swallowed before this wait
+            stop.wait()  # a signal's KeyboardInterrupt ends the wait: the handler runs in this (main) thread
         return 0
     finally:
         if claims is not None:

@@ -47,24 +47,25 @@ class ALBlock(Block):
 
     def __init__(self, spec: BlockSpec, info: InputInfo, rule: RuleSettings):
         super().__init__(spec, info, rule)
-        code = rule.al.code_dim
+        arch = spec.arch  # the heads' shapes: from the spec, never the run config
+        code = arch["code_dim"]
         self.first = spec.index == 0
         label_in = spec.num_classes if self.first else code
         bridge: nn.Module
-        if rule.al.bridge_hidden:
+        if arch["bridge_hidden"]:
             bridge = nn.Sequential(
-                nn.Linear(self.head_dim, rule.al.bridge_hidden),
+                nn.Linear(self.head_dim, arch["bridge_hidden"]),
                 nn.ReLU(),
-                nn.Linear(rule.al.bridge_hidden, code),
+                nn.Linear(arch["bridge_hidden"], code),
             )
         else:
             bridge = nn.Linear(self.head_dim, code)
-        act = ACTIVATIONS[rule.al.activation]
+        act = ACTIVATIONS[arch["activation"]]
         self.reduction = rule.al.loss_reduction
         self.modules["b"] = nn.Sequential(bridge, act())
         self.modules["g"] = nn.Sequential(nn.Linear(label_in, code), act())
         decoder = nn.Linear(code, label_in)
-        self.modules["h"] = nn.Sequential(decoder, act()) if rule.al.decoder_activation and not self.first else decoder
+        self.modules["h"] = nn.Sequential(decoder, act()) if arch["decoder_activation"] and not self.first else decoder
         m = self.modules
         self.optimizers = {
             "fb": make_optimizer([*m["f"].parameters(), *m["b"].parameters()], rule.optim),

@@ -57,10 +57,11 @@ class SCPLBlock(Block):
     def __init__(self, spec: BlockSpec, info: InputInfo, rule: RuleSettings):
         super().__init__(spec, info, rule)
         self.temperature = rule.scpl.temperature
-        self.modules["proj"] = make_projector(rule.scpl.projector, self.head_dim, rule.scpl.proj_dim)
+        arch = spec.arch  # the heads' shapes: from the spec, never the run config
+        self.modules["proj"] = make_projector(arch["projector"], self.head_dim, arch["proj_dim"])
         if spec.has_exit:
-            self.modules["cls"] = make_classifier(rule.scpl.classifier, self.head_dim, spec.num_classes,
-                                                  rule.scpl.classifier_hidden, rule.scpl.classifier_norm)  # fmt: skip
+            self.modules["cls"] = make_classifier(arch["classifier"], self.head_dim, spec.num_classes,
+                                                  arch["classifier_hidden"], arch["classifier_norm"])  # fmt: skip
         self.optimizers = {"all": make_optimizer(self.modules.parameters(), rule.optim)}
 
     def local_step(self, p: Packet) -> tuple[Packet, dict[str, float]]:

@@ -1,0 +1,102 @@
+"""Growth at a boundary (the loop's GROWING state): the planned steps due there and the grow requests ready
+(loop.orders.GrowRequests), each block placed and built by the engine, attached and recorded; then, once the
+earlier blocks are frozen, the newest one may train from their cached outputs (CACHING)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from growpipe.config import GrowStep, RunConfig
+from growpipe.growth import GrowthPlan, grow_refusal, growth_event
+from growpipe.loop.callbacks import RunCallback, notify
+from growpipe.loop.engine import Engine, Prepared
+from growpipe.loop.orders import GrowingRun, GrowRequests
+from growpipe.loop.record import RunRecord
+from growpipe.loop.states import Growing
+from growpipe.nn.specs import BlockSpec
+
+Attacher = Callable[[Prepared, GrowStep], dict[str, Any]]
+
+
+class Growth:
+    """Appends blocks to a run's net: what the growth plan says is due and what was requested. The net's blocks
+    are the run's (`run.specs`, a GrowingRun); this keeps the plan, the record of each growth in `rec`, and
+    whether a prefix cache is due before the next epoch."""
+
+    def __init__(self, cfg: RunConfig, engine: Engine, run_name: str, rec: RunRecord, requests: GrowRequests,
+                 callbacks: list[RunCallback], say: Callable[[str], None]):  # fmt: skip
+        self.cfg, self.engine, self.run_name, self.rec = cfg, engine, run_name, rec
+        self.requests, self.callbacks, self.say = requests, callbacks, say
+        self.plan = GrowthPlan(cfg)
+        self.cache_due = False  # the net grew with its earlier blocks frozen: cache their outputs first
+
+    def grow(self, g: Growing, run: GrowingRun) -> bool:
+        """The growth of boundary `g`: its planned steps (a step the grow limit stops is skipped, one that
+        cannot be placed ends the run), the request prepared while the epoch ran, and, between epochs, every
+        request waiting now. Whether the net grew."""
+        grew = False
+        for step in g.steps:
+            if why := grow_refusal(self.run_name, len(run.specs), self.requests.pending, self.cfg.max_blocks()):
+                self.skip_planned(step, g.source, g.epoch, why)
+                continue
+            self.attach(run.specs, self.engine.prepare_block(run.next_spec(step)), step, g.source, g.epoch, g.batch)
+            grew = True
+        requests = self.requests
+        if g.order is not None:
+            grew = requests.attach(g.order, len(run.specs), self._attacher(run.specs, g.epoch, g.batch)) or grew
+        if g.resume is None:  # between epochs: the requests waiting now
+            while not requests.orders.empty():
+                order = requests.orders.get()
+                if requests.prepare(order, run):
+                    grew = requests.attach(order, len(run.specs), self._attacher(run.specs, g.epoch, None)) or grew
+        return grew
+
+    def _attacher(self, specs: list[BlockSpec], epoch: int, batch: int | None) -> Attacher:
+        return lambda prepared, step: self.attach(specs, prepared, step, "request", epoch, batch)
+
+    def attach(self, specs: list[BlockSpec], prepared: Prepared, step: GrowStep, source: str, epoch: int,
+               batch: int | None) -> dict[str, Any]:  # fmt: skip
+        """Attach a prepared block after the last of `specs` (freezing the others when grow.freeze) and record
+        it; `epoch` finished epochs, `batch` batches into the next (None: at the boundary). Returns the event."""
+        depth = len(specs)
+        freeze = self.cfg.grow.freeze
+        self.engine.attach_block(prepared, freeze)
+        if freeze:
+            self.rec.frozen |= set(range(depth))
+            sums = self.engine.checksums()
+            self.rec.watch.note({i: sums[i] for i in range(depth)})
+            self.cache_due = self.cfg.grow.cache.enabled and prepared.cacheable
+        event = growth_event(epoch, step, depth + 1, self.rec.history, source, batch)
+        event.update(block=prepared.spec.index, family=prepared.spec.encoder.family, where=prepared.where)
+        specs.append(prepared.spec)
+        self.plan.grew(epoch)
+        self.rec.best = None  # model selection starts again on the grown net
+        self.rec.growth.append(event)
+        notify(self.callbacks, "on_growth", event, say=self.say)
+        return event
+
+    def skip_planned(self, step: GrowStep, source: str, epoch: int, why: str) -> None:
+        """A planned step the grow limit stops (a request took its place): said once, recorded, the run goes on."""
+        self.rec.growth_skipped.append({"epoch": epoch, "kind": step.kind, "group": step.group, "width": step.width,
+                                        "source": source, "reason": why})  # fmt: skip
+        self.say(f"grow   planned {step.kind} step after epoch {epoch} skipped: {why}")
+
+    def cache(self, epoch: int) -> None:
+        """Let the newest block train from the frozen prefix's stored outputs from epoch `epoch` + 1 on (the
+        engine says where, or that it cannot)."""
+        record = self.engine.cache_prefix()
+        self.cache_due = False
+        if record is None:
+            return
+        record = {"epoch": epoch, **record}
+        self.rec.caches.append(record)
+        k = record["block"]
+        self.say(f"cache  block {k} trains from the frozen prefix's outputs ({record['where']}, computed in "
+                 f"{record['seconds']:.1f}s); blocks 0-{k - 1} stop computing")  # fmt: skip
+
+    def restored(self) -> None:
+        """After `rec` came back from a checkpoint: the plan counts from its newest growth, and a frozen prefix
+        is cached again (a restored engine holds no cache)."""
+        self.plan.grew(self.rec.growth[-1]["epoch"] if self.rec.growth else 0)
+        self.cache_due = self.cfg.grow.cache.enabled and bool(self.rec.frozen)
