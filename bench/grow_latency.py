@@ -40,8 +40,8 @@ sys.path.insert(0, str(REPO / "src"))
 
 from growpipe.config import RunConfig, apply_overrides, build_config  # noqa: E402
 from growpipe.errors import ConfigError, PipelineError  # noqa: E402
-from growpipe.fsutil import atomic_write_json  # noqa: E402
 from growpipe.prepare import logical_cpus_needed  # noqa: E402
+from growpipe.report import end_bench  # noqa: E402
 from growpipe.runtime.client import request_growth  # noqa: E402
 from growpipe.runtime.pipeline import Pipeline, connect  # noqa: E402
 
@@ -238,10 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "seconds": round(time.perf_counter() - start, 1),
     }  # fmt: skip
-    print(f"done in {out['seconds']} s")
-    if args.json_out:
-        print(f"JSON: {atomic_write_json(args.json_out, out)}")
-    return 0
+    return end_bench(out, args.json_out)
 
 
 if __name__ == "__main__":

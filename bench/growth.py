@@ -28,11 +28,11 @@ import torch
 
 from growpipe.config import RunConfig, load_config
 from growpipe.data import iterate_batches, load_data
-from growpipe.fsutil import atomic_write_json
 from growpipe.nn.methods import build_block
 from growpipe.nn.net import GrowableNet
 from growpipe.nn.specs import InputInfo
 from growpipe.plots import plot_accuracy_vs_compute
+from growpipe.report import end_bench
 from growpipe.runtime.prefix_cache import PrefixCache
 
 REPO = Path(__file__).resolve().parents[1]
@@ -206,10 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         },  # fmt: skip
         "seconds": round(time.perf_counter() - start, 1),
     }
-    print(f"done in {out['seconds']} s")
-    if args.json_out:
-        print(f"JSON: {atomic_write_json(args.json_out, out)}")
-    return 0
+    return end_bench(out, args.json_out)
 
 
 if __name__ == "__main__":

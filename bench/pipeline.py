@@ -27,11 +27,11 @@ import torch
 
 from growpipe.config import RunConfig, build_config
 from growpipe.data import load_data
-from growpipe.fsutil import atomic_write_json
 from growpipe.local import train_local
 from growpipe.nn.methods import build_block
 from growpipe.nn.net import plan_blocks
 from growpipe.nn.specs import InputInfo
+from growpipe.report import end_bench
 
 K = 2
 GROUPS = (1, 2)
@@ -239,10 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "seconds": round(time.perf_counter() - start, 1),
     }
-    print(f"done in {out['seconds']} s")
-    if args.json_out:
-        print(f"JSON: {atomic_write_json(args.json_out, out)}")
-    return 0
+    return end_bench(out, args.json_out)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from growpipe.config import RunConfig
+from growpipe.fsutil import atomic_write_json
 
 
 def epoch_row(
@@ -153,3 +154,12 @@ def format_topology_changes(changes: list[dict[str, Any]]) -> str:
     """One line per topology change of a run (replace, shrink, expand): when, why, how many actors after."""
     return "\n".join(f"  epoch {c['epoch']} batch {c['batch']}: {c['change']} ({c['why']}); {c['actors']} stage "
                      "actor(s)" for c in changes)  # fmt: skip
+
+
+def end_bench(out: dict[str, Any], json_out: str | None) -> int:
+    """A benchmark's last lines: its wall time (out["seconds"]) and, with --json-out, where its JSON went
+    (written whole or not at all); the exit code, 0."""
+    print(f"done in {out['seconds']} s")
+    if json_out:
+        print(f"JSON: {atomic_write_json(json_out, out)}")
+    return 0
