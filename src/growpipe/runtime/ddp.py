@@ -155,6 +155,7 @@ class DDPEngine(WithoutBundles):
         self.attempt = uuid.uuid4().hex[:8]  # names this engine's trainers: a resumed run's start afresh
         self.pruned = 0  # this engine's trainers up to this one have had their folders removed
         self.training_workers = 0  # the workers that trained the newest part (elastic: may be fewer)
+        self._built: tuple[tuple[Any, int, int], list[dict[str, Any]]] | None = None  # _states()'s last answer
 
     def _start(self, epoch: int, batch: int) -> None:
         """A new trainer from `at`, at batch `batch` of epoch `epoch`."""
@@ -195,9 +196,14 @@ class DDPEngine(WithoutBundles):
         self.pruned = max(self.pruned, self.trainers - 1)
 
     def _states(self) -> list[dict[str, Any]]:
+        """Every block's state as it is now, built here once per change (a growth asks for its checksums, then
+        saves: one build)."""
         assert self.info is not None
-        blocks = assemble(self.cfg, self.info, self.layers, self.frozen, self.at)
-        return [cpu_copy(b.state_dict()) for b in blocks]
+        key = (self.at, len(self.layers), self.frozen)
+        if self._built is None or self._built[0] != key:
+            blocks = assemble(self.cfg, self.info, self.layers, self.frozen, self.at)
+            self._built = (key, [cpu_copy(b.state_dict()) for b in blocks])
+        return self._built[1]
 
     # ---- the Engine protocol --------------------------------------------------------------------------
     def open(self, layout: dict[str, Any] | None = None) -> tuple[InputInfo, dict[str, Any]]:
@@ -208,6 +214,7 @@ class DDPEngine(WithoutBundles):
     def build(self, specs: list[BlockSpec], layout: dict[str, Any] | None) -> str:
         self._end()
         self.layers, self.frozen, self.at, self.exact, self.eval = [s.to_dict() for s in specs], 0, None, True, None
+        self._built = None
         return (f"bp (data-parallel, Ray Train) on {self.cfg.net.backbone}: {self.workers} DDP workers, "
                 f"global batch {self.cfg.data.batch_size}")  # fmt: skip
 
