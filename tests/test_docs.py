@@ -263,6 +263,8 @@ def test_doc_a_running_job_grown_followed_resumed_served_and_its_model(view: Pat
                 assert len(json.loads(sh(request, view, env).stdout)["predictions"]) == 1
         finally:
             server.stop()
+        # its scoring server (a child MLflow starts) may answer a moment longer: the next command's check is its own
+        wait_until(f"{command}: port 5001 free", lambda: not answers("http://127.0.0.1:5001/ping"))
         if request:  # growpipe's (the other is MLflow's own command, whose lines are MLflow's)
             assert not library_noise(server.output()), library_noise(server.output())
     outs += run_block(block("readme-everyday"), view, env, names,

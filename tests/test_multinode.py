@@ -119,9 +119,11 @@ def test_ddp_with_min_workers_trains_on_with_fewer_when_a_workers_node_is_lost(t
     the loop, retries), and the run ends with its epoch trained."""
     gate = tmp_path / "gate"  # every worker waits before batch 1 of epoch 1 until the node is gone
     monkeypatch.setenv("GROWPIPE_HOLD_AT", f"1:1:{gate}")
+    # start_timeout_s: Ray Train first asks for 2 workers again (its view of the cluster lags the node's loss)
     cfg = tiny_config(name="ddp-elastic", method="bp", threads=1, net={"blocks": 2, "width": 32},
-                      train={"epochs": 1}, data={"limit_train": 256, "batch_size": 64}, ddp={"workers": 2,
-                      "min_workers": 1}, runtime={"engine": "ddp", "max_stage_restarts": 2})  # fmt: skip
+                      train={"epochs": 1}, data={"limit_train": 256, "batch_size": 64},
+                      ddp={"workers": 2, "min_workers": 1, "start_timeout_s": 15},
+                      runtime={"engine": "ddp", "max_stage_restarts": 2})  # fmt: skip
     with Pipeline(cfg) as p:
         run = _Run(p)
         deadline = time.time() + 180

@@ -85,6 +85,17 @@ def encode_shard(states: dict[int, dict[str, Any]], file: str) -> tuple[bytes, d
     return data, {"file": file, "sha256": hashlib.sha256(data).hexdigest(), "blocks": sorted(states)}
 
 
+def write_shard_at(filesystem: Any, ckpt_dir: str, states: dict[int, dict[str, Any]],
+                   file: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """Write the states of some blocks (block index -> state) as one shard of directory `ckpt_dir` on a pyarrow
+    `filesystem`; return its manifest entry."""
+    data, entry = encode_shard(states, file or block_file(min(states)))
+    filesystem.create_dir(ckpt_dir, recursive=True)
+    with filesystem.open_output_stream(f"{ckpt_dir}/{entry['file']}") as f:
+        f.write(data)
+    return entry
+
+
 def decode_shard(data: bytes, entry: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
     """The block states in a shard's bytes (by str(index)), refused unless they hash to the manifest's
     SHA-256."""
@@ -158,11 +169,7 @@ class CheckpointStore:
 
     def write_shard(self, ckpt_dir: str, states: dict[int, dict[str, Any]], file: str | None = None) -> dict[str, Any]:
         """Write the states of some blocks (block index -> state) as one shard; return its manifest entry."""
-        data, entry = encode_shard(states, file or block_file(min(states)))
-        self.fs.create_dir(ckpt_dir, recursive=True)
-        with self.fs.open_output_stream(f"{ckpt_dir}/{entry['file']}") as f:
-            f.write(data)
-        return entry
+        return write_shard_at(self.fs, ckpt_dir, states, file)
 
     def commit(self, ckpt_dir: str, manifest: dict[str, Any],
                say: Callable[[str], None] | None = None) -> CheckpointRef:  # fmt: skip

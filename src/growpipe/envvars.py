@@ -1,8 +1,9 @@
 """Every user-facing environment variable growpipe reads, declared once.
 
 The fault-injection and test-gate variables (GROWPIPE_FAULT_AT, GROWPIPE_DIE_AT, GROWPIPE_DIE_IN_EVAL,
-GROWPIPE_HOLD_AT, GROWPIPE_STEP_DELAY_MS, GROWPIPE_OWN_BLOCKS_ONLY) are declared, read and documented in
-growpipe.faults; being GROWPIPE_* they are forwarded to every actor of a run like the others (forwarded).
+GROWPIPE_HOLD_AT, GROWPIPE_STEP_DELAY_MS, GROWPIPE_STOP_SWEEP_AT, GROWPIPE_OWN_BLOCKS_ONLY) are declared, read and
+documented in growpipe.faults; being GROWPIPE_* they are forwarded to every actor of a run like the others
+(forwarded).
 """
 
 import os

@@ -24,6 +24,12 @@ GROWPIPE_STEP_DELAY_MS="N"
     Every local-learning stage's train step sleeps N milliseconds more: for tests and demos of growing a
     running job (a tiny model's epochs are otherwise over before a new stage actor has started).
     Acts in runtime/stage.py (Stage._process, via step_delay).
+GROWPIPE_STOP_SWEEP_AT="EPOCH:PATH"
+    A sweep's process stops itself as Ctrl-C does (SIGINT, which Tune handles: it saves its state and ends the
+    trials) the moment Tune has recorded a trial's report of epoch EPOCH, before Tune registers the checkpoint
+    that report carries, once (it creates PATH first; a sweep that finds PATH goes on): the one point where
+    Tune's saved state has a report without its checkpoint. Acts in the sweep's process, in a Tune callback's
+    on_trial_result (tune/gates.py, via maybe_stop_sweep).
 GROWPIPE_OWN_BLOCKS_ONLY="1"
     Every stage actor fails (StageError) the moment it builds a block it was not given, which any gathering
     of the net into one actor would (a block may be as big as its worker). A stage claims its process
@@ -35,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import time
 from collections.abc import Iterator
 from typing import Protocol
@@ -46,10 +53,11 @@ GROWPIPE_DIE_AT = "GROWPIPE_DIE_AT"
 GROWPIPE_DIE_IN_EVAL = "GROWPIPE_DIE_IN_EVAL"
 GROWPIPE_HOLD_AT = "GROWPIPE_HOLD_AT"
 GROWPIPE_STEP_DELAY_MS = "GROWPIPE_STEP_DELAY_MS"
+GROWPIPE_STOP_SWEEP_AT = "GROWPIPE_STOP_SWEEP_AT"
 GROWPIPE_OWN_BLOCKS_ONLY = "GROWPIPE_OWN_BLOCKS_ONLY"
 
 VARIABLES = (GROWPIPE_FAULT_AT, GROWPIPE_DIE_AT, GROWPIPE_DIE_IN_EVAL, GROWPIPE_HOLD_AT, GROWPIPE_STEP_DELAY_MS,
-             GROWPIPE_OWN_BLOCKS_ONLY)  # fmt: skip
+             GROWPIPE_STOP_SWEEP_AT, GROWPIPE_OWN_BLOCKS_ONLY)  # fmt: skip
 """Every fault-injection and test-gate variable (see the module docstring)."""
 
 
@@ -74,13 +82,7 @@ def die_at() -> tuple[int, int, str] | None:
 
 def die_in_eval() -> tuple[int, str] | None:
     """(stage, marker file) from GROWPIPE_DIE_IN_EVAL, or None."""
-    raw = os.environ.get(GROWPIPE_DIE_IN_EVAL)
-    if not raw:
-        return None
-    stage, _, path = raw.partition(":")
-    if not (stage.isdigit() and path):
-        raise ValueError(f"{GROWPIPE_DIE_IN_EVAL}={raw!r}: expected STAGE:PATH, e.g. 1:/tmp/died")
-    return int(stage), path
+    return _number_and_a_path(GROWPIPE_DIE_IN_EVAL, "STAGE:PATH, e.g. 1:/tmp/died")
 
 
 def hold_at() -> tuple[int, int, str] | None:
@@ -97,9 +99,25 @@ def step_delay_s() -> float:
         raise ValueError(f"{GROWPIPE_STEP_DELAY_MS}={raw!r}: expected milliseconds, e.g. 50") from None
 
 
+def stop_sweep_at() -> tuple[int, str] | None:
+    """(epoch, marker file) from GROWPIPE_STOP_SWEEP_AT, or None."""
+    return _number_and_a_path(GROWPIPE_STOP_SWEEP_AT, "EPOCH:PATH, e.g. 1:/tmp/stopped")
+
+
 def own_blocks_only() -> bool:
     """Whether GROWPIPE_OWN_BLOCKS_ONLY is on."""
     return os.environ.get(GROWPIPE_OWN_BLOCKS_ONLY, "") not in ("", "0")
+
+
+def _number_and_a_path(name: str, expected: str) -> tuple[int, str] | None:
+    """(N, path) from variable `name` set to N:PATH, or None when unset."""
+    raw = os.environ.get(name)
+    if not raw:
+        return None
+    number, _, path = raw.partition(":")
+    if not (number.isdigit() and path):
+        raise ValueError(f"{name}={raw!r}: expected {expected}")
+    return int(number), path
 
 
 def _two_numbers_and_a_path(name: str, expected: str) -> tuple[int, int, str] | None:
@@ -143,6 +161,15 @@ def maybe_die_in_eval(stage: int) -> None:
     if (die := die_in_eval()) and die[0] == stage and not os.path.exists(die[1]):
         open(die[1], "w").close()
         os._exit(1)  # a stage lost during the evaluation
+
+
+def maybe_stop_sweep(epoch: int) -> None:
+    """GROWPIPE_STOP_SWEEP_AT: interrupt this process (SIGINT) when it names `epoch` and its marker file is not
+    there yet."""
+    stop = stop_sweep_at()
+    if stop and stop[0] == epoch and not os.path.exists(stop[1]):
+        open(stop[1], "w").close()
+        signal.raise_signal(signal.SIGINT)
 
 
 class Released(Protocol):

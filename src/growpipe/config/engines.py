@@ -54,6 +54,11 @@ class DDPSpec(Strict):
     """Elastic training: Ray Train runs with as few as this many workers while the cluster has no room for
     `workers` and scales up when it does (None: a fixed number). The global mini-batch stays data.batch_size,
     split over the workers there are."""
+    start_timeout_s: float = Field(60.0, gt=0)
+    """How long Ray Train waits for room for a worker group before it tries again with the room there is (with
+    min_workers: fewer workers). After a node is lost, Ray Train may first ask for the old group's size again
+    (its view of the cluster lags up to ~20 s); this bounds that wait. Ray Train's
+    RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S (default 60)."""
 
 
 ENGINES = ("pipeline", "gpipe", "1f1b", "ddp")

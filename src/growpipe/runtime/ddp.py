@@ -11,125 +11,22 @@ run's end stops the trainer before its next batch, and the next one starts from 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import uuid
 from typing import Any
 
 import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from growpipe.checkpoint import CheckpointStore, block_file, copy_shards, encode_shard, filesystem_of
+from growpipe.checkpoint import CheckpointStore, copy_shards, write_shard_at
 from growpipe.config import RunConfig
-from growpipe.errors import PipelineError
 from growpipe.loop.engine import EpochPart, Pause, Prepared, WithoutBundles, WorkerLost
 from growpipe.loop.stats import StageStats
 from growpipe.loop.topology import Layout
 from growpipe.nn.block import checksum_of
 from growpipe.nn.net import GrowableNet
 from growpipe.nn.specs import BlockSpec, InputInfo
-from growpipe.runtime.ddp_worker import assemble, describe_data, measure_net, train_fn
+from growpipe.runtime.ddp_net import assemble, describe_data, measure_net
+from growpipe.runtime.ddp_trainer import Trainer, remove_folders
 from growpipe.runtime.stage_base import cpu_copy
-
-END_S = 120.0  # how long a stopped trainer may take to end before its task is cancelled
-
-
-@ray.remote(num_cpus=0)
-class Channel:
-    """A trainer's parts on their way to the engine, and the engine's stop (async: every wait is an await)."""
-
-    def __init__(self) -> None:
-        self.parts: dict[int, dict[str, Any]] = {}
-        self.taken = 0  # the next part the engine takes
-        self.changed = asyncio.Condition()
-        self.stop_event = asyncio.Event()
-
-    async def put(self, part: dict[str, Any]) -> None:
-        """Hand in a part; return once the engine has taken the one before it (or was stopped)."""
-        async with self.changed:
-            if part["seq"] >= self.taken:
-                self.parts[part["seq"]] = part
-                self.changed.notify_all()
-            await self.changed.wait_for(lambda: self.taken >= part["seq"] or self.stop_event.is_set())
-
-    async def take(self, seq: int, wait: bool = True) -> dict[str, Any] | None:
-        async with self.changed:
-            if wait:
-                await self.changed.wait_for(lambda: seq in self.parts)
-            part = self.parts.pop(seq, None)
-            self.taken = seq + 1 if part is not None else self.taken
-            self.changed.notify_all()
-            return part
-
-    async def stop(self) -> None:
-        async with self.changed:
-            self.stop_event.set()
-            self.changed.notify_all()
-
-    async def stopped(self) -> bool:
-        await self.stop_event.wait()
-        return True
-
-
-@ray.remote(num_cpus=0)
-def fit(trainer_kwargs: dict[str, Any]) -> None:
-    """One trainer's fit() (a task: the engine waits on it like on any other ref)."""
-    from ray.train.torch import TorchTrainer
-
-    TorchTrainer(train_fn, **trainer_kwargs).fit()
-
-
-def _fit_env() -> dict[str, Any]:
-    """The fit task's environment: this cluster's address, which Ray Train's placement-group cleaner needs to
-    find its State API on a machine that runs more than one Ray."""
-    return {"env_vars": {"RAY_ADDRESS": ray.get_runtime_context().gcs_address}}
-
-
-def _here() -> NodeAffinitySchedulingStrategy:
-    """On the controller's node (the head's: losing a worker's node must not take the trainer's fit or channel
-    with it). Not soft: a soft affinity let Ray put a 0-CPU actor on a worker's node when the head has no CPU."""
-    return NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
-
-
-class Trainer:
-    """One Ray Train trainer of the engine: its fit task, its channel, the next part it reports."""
-
-    def __init__(self, kwargs: dict[str, Any], config: dict[str, Any]):
-        self.channel = Channel.options(scheduling_strategy=_here()).remote()  # type: ignore[attr-defined]
-        kwargs["train_loop_config"] = {**config, "channel": self.channel}
-        self.run = fit.options(runtime_env=_fit_env(), scheduling_strategy=_here()).remote(kwargs)
-        self.seq, self.next = 0, tuple(config["position"])
-
-    def part(self) -> dict[str, Any]:
-        """The next part (PipelineError when the trainer failed: Ray Train had used up its retries)."""
-        taking = self.channel.take.remote(self.seq)
-        ready, _ = ray.wait([taking, self.run], num_returns=1)
-        if taking not in ready:  # the trainer ended: everything it put is in the channel
-            try:
-                ray.get(self.run)
-            except ray.exceptions.RayError as e:
-                cause = getattr(e, "cause", None) or e
-                why = (str(cause).strip() or type(cause).__name__).splitlines()[0]
-                raise PipelineError(f"the DDP trainer failed: {why}") from None
-            taking = self.channel.take.remote(self.seq, wait=False)
-        try:
-            part = ray.get(taking)
-        except ray.exceptions.RayActorError as e:  # the channel's process was lost (e.g. killed out of memory)
-            raise PipelineError(f"the DDP engine's channel actor died ({str(e).splitlines()[0]})") from None
-        if part is None:
-            raise WorkerLost("the DDP trainer ended without reporting its part")
-        self.seq += 1
-        self.next = (part["epoch"], part["at"]) if part["at"] is not None else (part["epoch"] + 1, 0)
-        return part
-
-    def stop(self) -> None:
-        self.channel.stop.remote()
-
-    def end(self) -> None:
-        self.stop()
-        if not ray.wait([self.run], timeout=END_S)[0]:
-            ray.cancel(self.run, force=True)  # its Ray Train controller and workers go with the task's process
-        ray.kill(self.channel)
 
 
 class DDPEngine(WithoutBundles):
@@ -159,41 +56,18 @@ class DDPEngine(WithoutBundles):
 
     def _start(self, epoch: int, batch: int) -> None:
         """A new trainer from `at`, at batch `batch` of epoch `epoch`."""
-        from ray.train import CheckpointConfig, FailureConfig, ScalingConfig
-        from ray.train import RunConfig as TrainRunConfig
-
         self._end()
         self.trainers += 1
-        rt, timing = self.cfg.runtime, self.cfg.checkpoint
-        gpus = ray.cluster_resources().get("GPU", 0) > 0 and rt.gpus_per_stage != 0
-        least = self.cfg.ddp.min_workers
-        scale = (least, self.workers) if least is not None and least < self.workers else self.workers
-        kwargs = {
-            "scaling_config": ScalingConfig(num_workers=scale, use_gpu=gpus,  # type: ignore[arg-type]  # elastic (min, max)
-                                            resources_per_worker={"CPU": rt.cpus_per_stage}),
-            # its newest 3: the part the loop stands on survives the two the trainer may report ahead of it
-            "run_config": TrainRunConfig(storage_path=self.storage, name=f"{self.attempt}-{self.trainers}",
-                                         failure_config=FailureConfig(max_failures=rt.max_stage_restarts),
-                                         checkpoint_config=CheckpointConfig(num_to_keep=3)),
-        }  # fmt: skip
+        timing = self.cfg.checkpoint
         config = {"cfg": self.config, "topology": self.layers, "frozen": self.frozen, "start": self.at,
                   "position": (epoch, batch), "last_epoch": self.cfg.total_epochs(),
                   "every": timing.every_batches if timing.enabled else 0}  # fmt: skip
-        self.trainer = Trainer(kwargs, config)
+        self.trainer = Trainer(self.cfg, self.storage, f"{self.attempt}-{self.trainers}", config)
 
     def _end(self) -> None:
         if self.trainer is not None:
             self.trainer.end()
         self.trainer = None
-
-    def _prune(self) -> None:
-        """Remove the folders of this engine's earlier trainers (the run stands on the newest one's part; its
-        restore points are copies)."""
-        fs, root = filesystem_of(self.storage)
-        for n in range(self.pruned + 1, self.trainers):
-            with contextlib.suppress(OSError, FileNotFoundError):
-                fs.delete_dir(f"{root}/{self.attempt}-{n}")
-        self.pruned = max(self.pruned, self.trainers - 1)
 
     def _states(self) -> list[dict[str, Any]]:
         """Every block's state as it is now, built here once per change (a growth asks for its checksums, then
@@ -230,7 +104,8 @@ class DDPEngine(WithoutBundles):
             raise WorkerLost("the DDP trainer was stopped")
         self.at, self.exact, self.eval = part["checkpoint"], True, part["eval"]
         self.training_workers = part["workers"]
-        self._prune()
+        remove_folders(self.storage, [f"{self.attempt}-{n}" for n in range(self.pruned + 1, self.trainers)])
+        self.pruned = max(self.pruned, self.trainers - 1)
         counted = part["loss_batches"]  # the batches not skipped
         stats = StageStats(0, "DDP", samples=part["samples"], batches=part["batches"], busy_s=part["busy_s"],
                            skipped=part["skipped"], loss_sums=part["loss"] if counted else {},
@@ -264,13 +139,8 @@ class DDPEngine(WithoutBundles):
         if self.exact and self.at is not None:
             copy_shards(self.at["fs"], self.at["path"], self.at["shards"], store.fs, ckpt_dir)
             return list(self.at["shards"])
-        store.fs.create_dir(ckpt_dir, recursive=True)
-        shards = []
-        for t, state in zip(self.layers, self._states(), strict=True):
-            data, entry = encode_shard({t["index"]: state}, block_file(t["index"]))
-            with store.fs.open_output_stream(f"{ckpt_dir}/{entry['file']}") as f:
-                f.write(data)
-            shards.append(entry)
+        shards = [write_shard_at(store.fs, ckpt_dir, {t["index"]: state})
+                  for t, state in zip(self.layers, self._states(), strict=True)]  # fmt: skip
         self.at, self.exact = {"fs": store.fs, "path": ckpt_dir, "shards": shards}, True
         return shards
 

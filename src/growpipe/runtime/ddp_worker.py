@@ -1,5 +1,4 @@
-"""What runs on the DDP engine's Ray Train workers (growpipe.runtime.ddp): the train function, which owns its
-epochs, and the one-off tasks that read a net out of a checkpoint.
+"""The train function of the DDP engine's Ray Train workers (growpipe.runtime.ddp), which owns its epochs.
 
 Every worker holds a replica of the whole net and trains its shard of each global mini-batch. The train function
 starts from `ray.train.get_checkpoint()` when Ray Train restarted its group (a worker was lost), else from the
@@ -14,116 +13,28 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import ray
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
-from torch import nn
 
 from growpipe import faults
-from growpipe.checkpoint import block_file, encode_shard, load_states
+from growpipe.checkpoint import filesystem_of, write_shard_at
 from growpipe.config import RunConfig, build_config
 from growpipe.data import load_data
 from growpipe.data.batches import epoch_batches
 from growpipe.errors import NonFiniteError
-from growpipe.evaluation import evaluate_net, measure_early_exit
-from growpipe.nn.backbones import encoder_of
+from growpipe.evaluation import evaluate_net
 from growpipe.nn.block import Block
 from growpipe.nn.guard import SKIPPED, guarded_update
-from growpipe.nn.methods import build_block
-from growpipe.nn.net import GrowableNet
-from growpipe.nn.specs import BlockSpec, InputInfo
+from growpipe.nn.specs import InputInfo
 from growpipe.quiet import quiet_libraries
+from growpipe.runtime.ddp_channel import StopFlag, position_after
+from growpipe.runtime.ddp_net import Chain, as_net, assemble
 from growpipe.runtime.stage_base import cpu_copy
 
 PART = "part.json"
-
-
-class Chain(nn.Module):
-    """Every block's encoder in order, then the last block's classifier: one module for DDP. Frozen blocks
-    (the net grew on top of them) forward without gradients, as in single-process BP."""
-
-    def __init__(self, blocks: list[Any]):
-        super().__init__()
-        self.encoders = nn.ModuleList([b.modules["f"] for b in blocks])
-        self.encoder_list = [encoder_of(b.modules) for b in blocks]  # the same modules, as their class
-        self.frozen = [b.frozen for b in blocks]
-        self.head = blocks[-1].modules["cls"]
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, side: dict) -> torch.Tensor:
-        for f, frozen in zip(self.encoder_list, self.frozen, strict=True):
-            with torch.set_grad_enabled(torch.is_grad_enabled() and not frozen):
-                x, mask = f(x, mask, side)
-            side = {**side, **f.handoff()}  # e.g. an LSTM block's final state for the next (net.lstm_state)
-        return self.head(self.encoder_list[-1].pool(x, mask))
-
-
-def assemble(cfg: RunConfig, info: InputInfo, topology: list[dict[str, Any]], frozen: int,
-             start: dict[str, Any] | None) -> list[Block]:  # fmt: skip
-    """The blocks of `topology` (seeded: equal wherever built), with the states checkpoint `start` ({fs, path,
-    shards}) holds loaded (a block it does not hold stays fresh: a growth), the first `frozen` frozen."""
-    blocks = [build_block(cfg.rule(), BlockSpec.from_dict(d), info) for d in topology]
-    if start:
-        held = [b for b in blocks if any(b.index in e["blocks"] for e in start["shards"])]
-        for b, state in zip(held, load_states(start["fs"], start["path"], start["shards"], [b.index for b in held]),
-                            strict=True):  # fmt: skip
-            b.load_state_dict(state)
-    for b in blocks[:frozen]:
-        if not b.frozen:
-            b.freeze()
-    return blocks
-
-
-def as_net(cfg: RunConfig, info: InputInfo, blocks: list[Block]) -> GrowableNet:
-    net = GrowableNet(cfg.rule(), info)
-    for b in blocks:
-        net.append(b)
-    return net
-
-
-@ray.remote(num_cpus=0)
-def describe_data(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The input description the blocks are planned from, and the data's record (DataBundle.describe)."""
-    cfg = build_config(config, "ddp config")
-    bundle = load_data(cfg.data, cfg.seed)
-    return InputInfo.from_bundle(bundle, cfg.net).to_dict(), bundle.describe()
-
-
-@ray.remote
-def measure_net(config: dict[str, Any], topology: list[dict[str, Any]], frozen: int, start: dict[str, Any] | None,
-                threshold: float | None = None, early_exit: bool = False) -> dict[str, Any]:  # fmt: skip
-    """Evaluate the net checkpoint `start` holds (or its real early exit at `threshold`) on the test split."""
-    cfg = build_config(config, "ddp config")
-    bundle = load_data(cfg.data, cfg.seed)
-    info = InputInfo.from_bundle(bundle, cfg.net)
-    net = as_net(cfg, info, assemble(cfg, info, topology, frozen, start))
-    if early_exit:
-        return measure_early_exit(net, bundle, cfg.eval, threshold)
-    return evaluate_net(net, bundle, cfg.eval)
-
-
-class StopFlag:
-    """Whether the engine asked to stop, the same answer on every worker (each asks the channel without waiting,
-    then every rank takes the largest answer)."""
-
-    def __init__(self, channel: Any, device: torch.device):
-        self.ref = channel.stopped.remote()
-        self.device = device
-
-    def is_set(self) -> bool:  # this worker's own view (a hold waits on it: growpipe.faults.hold_before)
-        return self.wait(0)
-
-    def wait(self, timeout: float) -> bool:
-        return bool(ray.wait([self.ref], timeout=timeout)[0])
-
-    def __call__(self) -> bool:
-        flag = torch.tensor([float(self.is_set())], device=self.device)
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
 
 
 class Replica:
@@ -190,27 +101,28 @@ class Replica:
         with tempfile.TemporaryDirectory(prefix="growpipe-ddp-") as tmp:
             checkpoint = None
             if self.rank == 0:
-                shards = []
-                for b in self.blocks:
-                    data, entry = encode_shard({b.index: cpu_copy(b.state_dict())}, block_file(b.index))
-                    Path(tmp, entry["file"]).write_bytes(data)
-                    shards.append(entry)
+                local, _ = filesystem_of(tmp)
+                shards = [write_shard_at(local, tmp, {b.index: cpu_copy(b.state_dict())}) for b in self.blocks]
                 part = {**part, "shards": shards}
-                Path(tmp, PART).write_text(json.dumps(part))
+                with local.open_output_stream(f"{tmp}/{PART}") as f:
+                    f.write(json.dumps(part).encode())
                 checkpoint = ray.train.Checkpoint.from_directory(tmp)
             metrics = {"epoch": part["epoch"], "batch": part["at"] or 0, "seq": part["seq"]}
             ray.train.report(metrics, checkpoint=checkpoint)
         if self.rank:
             return part
-        persisted = ray.train.get_checkpoint()
-        return {**part, "checkpoint": {"fs": persisted.filesystem, "path": persisted.path, "shards": part["shards"]}}
+        return _placed(part, ray.train.get_checkpoint())
+
+
+def _placed(part: dict[str, Any], checkpoint: Any) -> dict[str, Any]:
+    """`part` with the place of the Ray Train checkpoint that holds it ({fs, path, shards}, as the engine reads)."""
+    return {**part, "checkpoint": {"fs": checkpoint.filesystem, "path": checkpoint.path, "shards": part["shards"]}}
 
 
 def _restarted_from(checkpoint: Any) -> dict[str, Any]:
     """The part a checkpoint of this trainer holds, with its place."""
     with checkpoint.filesystem.open_input_stream(f"{checkpoint.path}/{PART}") as f:
-        part = json.loads(f.read())
-    return {**part, "checkpoint": {"fs": checkpoint.filesystem, "path": checkpoint.path, "shards": part["shards"]}}
+        return _placed(json.loads(f.read()), checkpoint)
 
 
 def train_fn(config: dict[str, Any]) -> None:
@@ -227,7 +139,7 @@ def train_fn(config: dict[str, Any]) -> None:
     if (checkpoint := ray.train.get_checkpoint()) is not None:  # Ray Train restarted the group from its newest
         part = _restarted_from(checkpoint)
         start, seq = part["checkpoint"], part["seq"] + 1
-        epoch, batch = (part["epoch"], part["at"]) if part["at"] is not None else (part["epoch"] + 1, 0)
+        epoch, batch = position_after(part)
         if rank == 0:  # the engine may not have it yet: the worker that died may have held it
             ray.get(channel.put.remote(part))
     replica.setup(config["topology"], config["frozen"], start)
@@ -243,5 +155,4 @@ def train_fn(config: dict[str, Any]) -> None:
             ray.get(channel.put.remote(part))  # waits while the engine is a part behind
         if done["at"] is not None and stop():
             return
-        seq += 1
-        epoch, batch = (epoch, done["at"]) if done["at"] is not None else (epoch + 1, 0)
+        seq, (epoch, batch) = seq + 1, position_after(part)

@@ -31,6 +31,11 @@ from growpipe.runtime.transport import check_transport
 
 SIGNAL_CHECK_S = 0.5  # how long a wait for the next event goes without looking for a swallowed Ctrl-C
 END_WAIT_S = 30.0  # how long a stopped run's controller may take to return from run() and exit: then it is killed
+FLUSH_AT_EXIT_VAR = "RAY_task_events_shutdown_flush_timeout_ms"
+FLUSH_AT_EXIT_MS = 500
+"""How long ray.shutdown waits to send its last task events to an embedded Ray's GCS (Ray's default: 5 s). That
+GCS goes with the command, so nobody reads them; and a SIGTERM sent to the command's process group (`kill --
+-PGID`, systemd, timeout(1)) has already ended it, so the wait, always hit then, was 5 s for nothing."""
 
 OnEpoch = Callable[[dict[str, Any], str | None], None]
 
@@ -121,6 +126,7 @@ def connect(cfg: RunConfig, address: str | None = None, cpus: int | None = None)
     cpus = cpus or cfg.runtime.num_cpus or max(os.cpu_count() or 1, logical_cpus_needed(cfg))
     if os.environ.get(AUTH_MODE_VAR) is None:
         use_token_auth()  # what Ray 2.60 picks for a new local Ray, said here so that it does not warn of it
+    os.environ.setdefault(FLUSH_AT_EXIT_VAR, str(FLUSH_AT_EXIT_MS))
     with _starting_ray():
         try:
             ctx = ray.init(

@@ -18,6 +18,7 @@ from typing import Any
 
 import ray
 
+from growpipe import faults
 from growpipe.api import train
 from growpipe.checkpoint import open_checkpoint, save_net
 from growpipe.config import RunConfig, build_config, dump_config
@@ -258,9 +259,11 @@ def _callbacks(spec: SweepSpec, base: dict[str, Any], record: SweepRecord) -> li
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
     from growpipe.tune.ends import TrialEnds  # lazy: as in close_children
+    from growpipe.tune.gates import SweepGates  # lazy: it imports ray.tune too
 
     ends = [TrialEnds(tracking, base, spec.kind)] if (tracking := record.child_tracking(spec)) else []
-    return [CSVLoggerCallback(), JsonLoggerCallback(), *ends]
+    gates = [SweepGates()] if faults.stop_sweep_at() else []  # a test's stop at an exact point
+    return [CSVLoggerCallback(), JsonLoggerCallback(), *ends, *gates]
 
 
 def _source_exits(
@@ -345,6 +348,7 @@ def run_sweep(spec: SweepSpec, address: str | None = None, say: Callable[[str], 
             trainable = tune.with_parameters(
                 growpipe_train, base=base, sweep=spec.name, metric=spec.objective, parent_run_id=record.run_id,
                 save_checkpoint=spec.save_checkpoints, runs_dir=str(out / "trial-runs"),
+                reported=_reported_epochs(out) if restoring else {},
             )  # fmt: skip
             trainable = tune.with_resources(
                 trainable,
@@ -420,6 +424,17 @@ def _unfinished(spec: SweepSpec, out: Path) -> bool:
     trials = ExperimentAnalysis(str(out / "trials")).trials
     expected = spec.num_samples * math.prod(len(d.grid) for d in spec.search_space.values() if d.grid is not None)
     return len(trials) < expected or any(t.status not in ("TERMINATED", "ERROR") for t in trials)
+
+
+def _reported_epochs(out: Path) -> dict[str, int]:
+    """The last epoch (training_iteration) of each trial in the result rows of the sweep saved in `out`: what
+    Tune has of it, which a resumed trial must not report again. Tune's saved state may be older in its
+    checkpoint (a stop between recording a report and registering its checkpoint) and Tune resets a trial it
+    restores from a checkpoint to that checkpoint's result, so the rows are the record."""
+    from ray.tune import ExperimentAnalysis
+
+    frames = ExperimentAnalysis(str(out / "trials")).trial_dataframes
+    return {t: int(df["training_iteration"].iloc[-1]) for t, df in frames.items() if "training_iteration" in df}
 
 
 def _interrupted(record: SweepRecord, state: SweepState, spec: SweepSpec, say: Callable[[str], None]) -> None:

@@ -30,6 +30,7 @@ def train_trial(
     parent_run_id: str | None,
     save_checkpoint: bool,
     runs_dir: str,
+    reported: dict[str, int] | None = None,
 ) -> None:
     """Train one net on Ray with the trial's `params`: its stages go into the bundles 1.. of the trial's
     placement group (bundle 0 is this function's), every epoch is reported to Tune (so ASHA can stop it)
@@ -42,8 +43,10 @@ def train_trial(
     hands it: topology, weights and growth history, in the same MLflow run. The trial's own
     run checkpoints live in `runs_dir`/NAME; a restarted trial whose own newest end of epoch is newer than the
     checkpoint Tune hands it (or Tune hands none: the sweep was stopped after the trial wrote it, before Tune
-    recorded its report) goes on from that one, and first reports to Tune the epochs Tune has not seen, so
-    that Tune and MLflow keep the same epochs."""
+    registered the checkpoint of its report) goes on from that one, and first reports to Tune the epochs Tune
+    has not recorded, so that Tune and MLflow keep the same epochs. `reported`: the last epoch Tune recorded of
+    each trial (by trial id) when the sweep was resumed, as Tune's result rows have it: Tune saves its state
+    on a stop with a report recorded whose checkpoint it has not registered yet."""
     from ray import tune
 
     quiet_libraries()  # this trial's process: Ray Train's line per checkpoint, MLflow's INFO lines
@@ -72,7 +75,8 @@ def train_trial(
         return tune.Checkpoint.from_directory(path) if path else None
 
     done_before = 0  # epochs the checkpoint the trial starts from holds
-    given, known = _starting_point(store, name, tune.get_checkpoint(), save_checkpoint)
+    recorded = (reported or {}).get(ctx.get_trial_id(), 0)
+    given, known = _starting_point(store, name, tune.get_checkpoint(), save_checkpoint, recorded)
 
     def report(row: dict[str, Any], checkpoint: str | None) -> None:
         """An epoch's row and the checkpoint written at its end (the run waits for this to return)."""
@@ -100,21 +104,25 @@ def train_trial(
             tune.report(final, checkpoint=checkpoint)
 
 
-def _starting_point(store: Any, name: str, handed: Any, enabled: bool) -> tuple[Any, int]:
-    """Where a (re)started trial goes on from, and the epochs Tune has of it: the checkpoint Tune `handed`
-    over (Tuner.restore, or PBT's copy of another trial's net), unless the trial's own run checkpoints hold a
-    newer end of epoch of its own."""
+def _starting_point(store: Any, name: str, handed: Any, enabled: bool, recorded: int = 0) -> tuple[Any, int]:
+    """Where a (re)started trial goes on from, and the last epoch Tune has of it. It goes on from the checkpoint
+    Tune `handed` over (Tuner.restore, or PBT's copy of another trial's net), unless the trial's own run
+    checkpoints hold a newer end of epoch of its own. Tune has the epochs up to the handed checkpoint's and, of
+    the trial's own line, up to `recorded` (the last of its result rows when the sweep was resumed): a stop
+    that lands after Tune recorded a report and before it registered the report's checkpoint leaves Tune that
+    epoch without its checkpoint, which the trial's own newest checkpoint then holds."""
     from ray import tune
 
-    known = 0
+    handed_epoch = 0
     if handed is not None:
         with handed.as_directory() as path:
             manifest = store.read_manifest(path)
-        known = int(manifest["epoch"])
+        handed_epoch = int(manifest["epoch"])
         if manifest["run"] != name:  # PBT's copy of another trial: its net, whatever this trial wrote
-            return handed, known
+            return handed, handed_epoch
+    known = max(handed_epoch, recorded)
     own = store.latest() if enabled else None
-    if own is not None and own.batch == 0 and own.epoch > known:
+    if own is not None and own.batch == 0 and own.epoch > handed_epoch:
         return tune.Checkpoint.from_directory(own.path), known
     return handed, known
 
