@@ -97,3 +97,22 @@ def test_a_process_being_ended_prints_no_systemexit_from_a_callback_and_every_ot
     refs = [weakref.ref(a, ending), weakref.ref(b, failing)]
     del a, b
     assert [type(u.exc_value) for u in seen] == [ValueError] and len(refs) == 2
+
+
+def test_a_drivers_ray_lines_keep_ray_train_failures_and_drop_its_start_up_and_bookkeeping_actors():
+    """What the driver's Ray log handler (growpipe.quiet.quiet_ray_job_actors) passes on, on lines a DDP run and
+    a job cluster printed: a worker group's start-up and Ray's bookkeeping actors go, a retry and a warning stay."""
+    from growpipe.quiet import _without_job_actors
+
+    printed: list[dict] = []
+    handle = _without_job_actors(printed.append)
+    start_up = ["Requesting resources: {'CPU': 1.0} * 2", "Started training worker group of size 2: ",
+                "- (ip=192.0.2.2, pid=1) world_rank=0, local_rank=0"]  # fmt: skip
+    handle({"actor_name": "TrainController", "lines": [*start_up, "[FailurePolicy] RETRY"]})
+    handle({"actor_name": "RayTrainWorker", "lines": ["Setting up process group for: env:// [rank=0, world_size=2]"]})
+    handle({"actor_name": "PlacementGroupCleaner", "lines": ["Failed to query Ray Train Controller actor state."]})
+    handle({"actor_name": "Controller", "lines": ["WARNING something a run should see"]})
+    assert [(d["actor_name"], d["lines"]) for d in printed] == [
+        ("TrainController", ["[FailurePolicy] RETRY"]),
+        ("Controller", ["WARNING something a run should see"]),
+    ]

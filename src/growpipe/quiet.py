@@ -6,7 +6,8 @@ bookkeeping (a line per trial checkpoint, the experiment state written) and two 
 (NOT_NEWS). Every process growpipe's code runs in calls quiet_libraries() before the libraries speak: the
 command before Ray starts (growpipe.runtime.pipeline.connect), a run's controller actor (its MLflow tracker),
 a Tune trial, a Serve replica. `MLFLOW_LOGGING_LEVEL=INFO` brings MLflow's lines back. A driver that joins a
-cluster also leaves out the lines of Ray's job supervisors (a job's end, sent to every driver there).
+cluster, or starts its own, also leaves out the lines of Ray's job supervisors (a job's end, sent to every driver
+there) and of Ray Train's placement-group cleaner (it warns every few seconds when Ray runs no dashboard).
 """
 
 from __future__ import annotations
@@ -28,6 +29,12 @@ QUIET_LOGGERS = (
     "ray.tune.tune",  # "Wrote the latest version of all result files and experiment state to ..."
 )
 """Loggers held at WARNING (their INFO lines are bookkeeping); their warnings still show."""
+
+QUIET_FILE_LOGGERS = (
+    "ray.train.v2._internal.execution.context",  # "Reporting training result N: ..." per report of every worker
+)
+"""Modules whose logger is named by their file's path, not their module name: held at WARNING in a process that
+has imported them (a Ray Train worker has by the time its train function calls quiet_libraries)."""
 
 NOT_NEWS = {
     "asyncio": ("LongPollClient._poll_next",),  # a Serve handle's poll that outlived the Ray it polled at exit
@@ -62,6 +69,9 @@ def quiet_libraries() -> None:
     logging.getLogger("mlflow").setLevel(level if isinstance(level, int) else logging.WARNING)  # imported before
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+    for module in QUIET_FILE_LOGGERS:
+        if (loaded := sys.modules.get(module)) is not None and loaded.__file__:
+            logging.getLogger(loaded.__file__).setLevel(logging.WARNING)
     for name, texts in NOT_NEWS.items():
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropNotNews) for f in logger.filters):
@@ -83,8 +93,9 @@ runs no dashboard (the embedded one)."""
 
 
 def quiet_ray_job_actors() -> None:
-    """Keep the lines of RAY_JOB_ACTORS out of this driver's output (call once it has joined a cluster with
-    ray.init(log_to_driver=True): that registers the handler wrapped here). Idempotent."""
+    """Keep the lines of RAY_JOB_ACTORS and the RAY_TRAIN_NOT_NEWS lines out of this driver's output (call once
+    it has started or joined Ray with ray.init(log_to_driver=True): that registers the handler wrapped here).
+    Idempotent."""
     # lazy: ray; tracking and local runs import this module
     from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
 
@@ -94,10 +105,25 @@ def quiet_ray_job_actors() -> None:
             dispatcher.add_handler(name, _without_job_actors(handler))
 
 
+RAY_TRAIN_NOT_NEWS = (
+    "Requesting resources:",  # the DDP trainer's controller, at every worker group it starts
+    "Attempting to start training worker group",
+    "Started training worker group",
+    "- (ip=",  # one line per worker of that group
+    "Setting up process group for",  # a Ray Train worker joining its group
+    "has constructor arguments in the object store and max_restarts > 0",  # Ray's note on its own watcher actor
+)
+"""Lines of Ray Train's actors that say only that a worker group started (the run's lines say what it does);
+a retry, a failure and every warning still show."""
+
+
 def _without_job_actors(handler: Any) -> Any:
     def handle(data: dict[str, Any]) -> None:
-        if data.get("actor_name") not in RAY_JOB_ACTORS:
-            handler(data)
+        if data.get("actor_name") in RAY_JOB_ACTORS:
+            return
+        lines = [line for line in data.get("lines", []) if not any(t in line for t in RAY_TRAIN_NOT_NEWS)]
+        if lines:
+            handler({**data, "lines": lines})
 
     handle.growpipe_quiet = True  # type: ignore[attr-defined]
     return handle

@@ -143,6 +143,7 @@ def connect(cfg: RunConfig, address: str | None = None, cpus: int | None = None)
                 f"the embedded Ray did not start ({type(e).__name__}: {str(e).strip().splitlines()[0][:200]}); "
                 "on a loaded machine try again, or start a cluster once (raylocal/up) and pass --address"
             ) from None
+    quiet_ray_job_actors()  # Ray Train's placement-group cleaner cannot reach a State API without the dashboard
     return True, _url(ctx.dashboard_url)
 
 
