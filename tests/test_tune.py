@@ -150,6 +150,15 @@ def test_bad_sweep_files_are_refused_before_any_trial(tmp_path: Path, capsys, fi
     assert not (tmp_path / "out" / "trials").exists()  # no trial started
 
 
+@pytest.mark.usefixtures("ray_session")
+def test_a_malformed_sweep_gate_is_refused_before_any_trial(tmp_path: Path, capsys, monkeypatch):
+    monkeypatch.setenv("GROWPIPE_STOP_SWEEP_AT", "one")
+    assert main(["sweep", str(_sweep_file(tmp_path, search_space={"method": {"grid": ["al"]}}))]) == 2
+    err = capsys.readouterr().err
+    assert "GROWPIPE_STOP_SWEEP_AT='one': expected EPOCH:PATH" in err and "Traceback" not in err, err
+    assert not (tmp_path / "out" / "trials").exists()
+
+
 def test_shipped_sweep_files_check_out(capsys):
     files = sorted((REPO / "tune_configs").glob("*.yaml"))
     assert len(files) >= 3

@@ -29,7 +29,7 @@ GROWPIPE_STOP_SWEEP_AT="EPOCH:PATH"
     trials) the moment Tune has recorded a trial's report of epoch EPOCH, before Tune registers the checkpoint
     that report carries, once (it creates PATH first; a sweep that finds PATH goes on): the one point where
     Tune's saved state has a report without its checkpoint. Acts in the sweep's process, in a Tune callback's
-    on_trial_result (tune/gates.py, via maybe_stop_sweep).
+    on_trial_result (tune/gates.py, via stop_sweep_once); a malformed value stops the sweep before it starts.
 GROWPIPE_OWN_BLOCKS_ONLY="1"
     Every stage actor fails (StageError) the moment it builds a block it was not given, which any gathering
     of the net into one actor would (a block may be as big as its worker). A stage claims its process
@@ -163,12 +163,11 @@ def maybe_die_in_eval(stage: int) -> None:
         os._exit(1)  # a stage lost during the evaluation
 
 
-def maybe_stop_sweep(epoch: int) -> None:
-    """GROWPIPE_STOP_SWEEP_AT: interrupt this process (SIGINT) when it names `epoch` and its marker file is not
-    there yet."""
-    stop = stop_sweep_at()
-    if stop and stop[0] == epoch and not os.path.exists(stop[1]):
-        open(stop[1], "w").close()
+def stop_sweep_once(marker: str) -> None:
+    """GROWPIPE_STOP_SWEEP_AT, at its epoch: interrupt this process (SIGINT) unless its `marker` file is there
+    (then create it: once)."""
+    if not os.path.exists(marker):
+        open(marker, "w").close()
         signal.raise_signal(signal.SIGINT)
 
 

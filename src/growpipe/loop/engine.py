@@ -136,7 +136,7 @@ class Engine(Protocol):
     places_while_training: bool
     """True when `prepare_block` may run in another thread while `run_epoch` trains: a request's block is then
     placed the moment the request arrives (the stage engines: the block is built in a new actor; DDP: nothing
-    is placed, the block is built when the trainer restarts at `attach_block`). False for the reference trainer
+    is placed, the block is built when the next trainer starts (`run_epoch`)). False for the reference trainer
     (building a block reseeds this process's random generator, which training draws from): the loop then
     prepares between two batches, on its own thread (Pause.check)."""
     net: GrowableNet | None

@@ -58,10 +58,8 @@ class DDPEngine(WithoutBundles):
         """A new trainer from `at`, at batch `batch` of epoch `epoch`."""
         self._end()
         self.trainers += 1
-        timing = self.cfg.checkpoint
         config = {"cfg": self.config, "topology": self.layers, "frozen": self.frozen, "start": self.at,
-                  "position": (epoch, batch), "last_epoch": self.cfg.total_epochs(),
-                  "every": timing.every_batches if timing.enabled else 0}  # fmt: skip
+                  "position": (epoch, batch), "last_epoch": self.cfg.total_epochs()}  # fmt: skip
         self.trainer = Trainer(self.cfg, self.storage, f"{self.attempt}-{self.trainers}", config)
 
     def _end(self) -> None:
@@ -103,9 +101,11 @@ class DDPEngine(WithoutBundles):
         if self.stopped:
             raise WorkerLost("the DDP trainer was stopped")
         self.at, self.exact, self.eval = part["checkpoint"], True, part["eval"]
+        self._built = None  # states of an older part: not kept for the rest of the run
         self.training_workers = part["workers"]
-        remove_folders(self.storage, [f"{self.attempt}-{n}" for n in range(self.pruned + 1, self.trainers)])
-        self.pruned = max(self.pruned, self.trainers - 1)
+        if self.pruned < self.trainers - 1:  # the first part of a new trainer: the earlier ones' folders go
+            remove_folders(self.storage, [f"{self.attempt}-{n}" for n in range(self.pruned + 1, self.trainers)])
+            self.pruned = self.trainers - 1
         counted = part["loss_batches"]  # the batches not skipped
         stats = StageStats(0, "DDP", samples=part["samples"], batches=part["batches"], busy_s=part["busy_s"],
                            skipped=part["skipped"], loss_sums=part["loss"] if counted else {},
@@ -148,6 +148,7 @@ class DDPEngine(WithoutBundles):
         self._end()
         self.frozen = 0  # the restored states carry their frozen flags
         self.at, self.exact, self.eval = {"fs": store.fs, "path": ckpt_dir, "shards": shards}, True, None
+        self._built = None
 
     def recover(self, specs: list[BlockSpec], layout: Layout | None) -> str:
         return self.build(specs, None)  # DDP replicates every block: no layout to keep

@@ -26,6 +26,7 @@ from growpipe.data import load_data
 from growpipe.data.batches import epoch_batches
 from growpipe.errors import NonFiniteError
 from growpipe.evaluation import evaluate_net
+from growpipe.loop.policies import CheckpointTiming
 from growpipe.nn.block import Block
 from growpipe.nn.guard import SKIPPED, guarded_update
 from growpipe.nn.specs import InputInfo
@@ -55,9 +56,9 @@ class Replica:
         self.blocks = assemble(self.cfg, self.info, topology, frozen, start)
         self.model = ray.train.torch.prepare_model(Chain(self.blocks))  # DDP: rank 0's weights broadcast
 
-    def train(self, epoch: int, start: int, every: int, stop: StopFlag) -> dict[str, Any]:
-        """Train this worker's shard of each global mini-batch of `epoch` from batch `start`, up to its end, the
-        next multiple of `every` (a restore point; 0: none) or a stop; what it did ({"at": the batch it stopped
+    def train(self, epoch: int, start: int, stop_at: int | None, stop: StopFlag) -> dict[str, Any]:
+        """Train this worker's shard of each global mini-batch of `epoch` from batch `start`, up to its end,
+        batch `stop_at` (a restore point; None: none) or a stop; what it did ({"at": the batch it stopped
         before, or None at the epoch's end})."""
         device = next(self.model.parameters()).device
         self.model.train()
@@ -71,7 +72,7 @@ class Replica:
         for batch in epoch_batches(self.bundle.train, self.cfg.data.batch_size, seed=self.cfg.seed, epoch=epoch,
                                    start_batch=start, augment=True, shard=(self.rank, self.world)):  # fmt: skip
             faults.hold_before(epoch, batch.index, stop)  # GROWPIPE_HOLD_AT
-            if (every and batch.index > start and batch.index % every == 0) or stop():
+            if (stop_at is not None and batch.index >= stop_at) or stop():
                 at = batch.index
                 break
             self.steps += 1
@@ -128,7 +129,7 @@ def _restarted_from(checkpoint: Any) -> dict[str, Any]:
 def train_fn(config: dict[str, Any]) -> None:
     """The train function of every Ray Train worker (see the module docstring). `config`: the run config, the
     topology, the frozen blocks, the checkpoint to start from, the (epoch, batch) it is at, the last epoch,
-    the restore point cadence and the engine's channel."""
+    and the engine's channel."""
     import ray.train
 
     quiet_libraries()  # Ray Train's INFO line for every report and checkpoint is bookkeeping
@@ -144,8 +145,9 @@ def train_fn(config: dict[str, Any]) -> None:
             ray.get(channel.put.remote(part))
     replica.setup(config["topology"], config["frozen"], start)
     stop = StopFlag(channel, next(replica.model.parameters()).device)
+    timing = CheckpointTiming.from_spec(replica.cfg.checkpoint)  # the restore points the loop stops at
     while epoch <= config["last_epoch"]:
-        done = replica.train(epoch, batch, config["every"], stop)
+        done = replica.train(epoch, batch, timing.next_stop(batch), stop)
         part = {"seq": seq, "epoch": epoch, **done, "eval": None, "workers": replica.world}
         if done["at"] is None and rank == 0:  # rank 0 evaluates, the others wait at the report
             part["eval"] = evaluate_net(as_net(replica.cfg, replica.info, replica.blocks), replica.bundle,

@@ -253,16 +253,18 @@ def _search(spec: SweepSpec) -> Any:
     return BasicVariantGenerator(random_state=spec.seed, max_concurrent=spec.resources.max_concurrent_trials or 0)
 
 
-def _callbacks(spec: SweepSpec, base: dict[str, Any], record: SweepRecord) -> list[Any]:
+def _callbacks(spec: SweepSpec, base: dict[str, Any], record: SweepRecord,
+               stop_at: tuple[int, str] | None) -> list[Any]:  # fmt: skip
     """Tune's result files (CSV and JSON, what ExperimentAnalysis reads; not TensorBoard's, whose command
-    Tune would print though this environment has no tensorboard) and the trials' MLflow ends."""
+    Tune would print though this environment has no tensorboard), the trials' MLflow ends, and a test's stop at
+    an exact point (`stop_at`, GROWPIPE_STOP_SWEEP_AT)."""
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
     from growpipe.tune.ends import TrialEnds  # lazy: as in close_children
     from growpipe.tune.gates import SweepGates  # lazy: it imports ray.tune too
 
     ends = [TrialEnds(tracking, base, spec.kind)] if (tracking := record.child_tracking(spec)) else []
-    gates = [SweepGates()] if faults.stop_sweep_at() else []  # a test's stop at an exact point
+    gates = [SweepGates(*stop_at)] if stop_at else []
     return [CSVLoggerCallback(), JsonLoggerCallback(), *ends, *gates]
 
 
@@ -299,6 +301,10 @@ def run_sweep(spec: SweepSpec, address: str | None = None, say: Callable[[str], 
     from ray import tune
 
     addr = address or os.environ.get("RAY_ADDRESS")
+    try:
+        stop_at = faults.stop_sweep_at()
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     base, cfgs = prepare(spec, addr, say)
     if note := storage_note():
         say(note)
@@ -372,7 +378,7 @@ def run_sweep(spec: SweepSpec, address: str | None = None, say: Callable[[str], 
                     name="trials", storage_path=str(out), verbose=1 if spec.kind == "train" else 0,
                     failure_config=tune.FailureConfig(max_failures=0),
                     checkpoint_config=tune.CheckpointConfig(num_to_keep=4 if spec.scheduler.name == "pbt" else 2),
-                    stop=_stop(spec, cfgs), callbacks=_callbacks(spec, base, record),
+                    stop=_stop(spec, cfgs), callbacks=_callbacks(spec, base, record, stop_at),
                 ),
             )  # fmt: skip
         try:
