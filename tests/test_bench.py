@@ -316,3 +316,29 @@ def test_text_bar_refuses_a_set_without_parquet_files_before_training(tmp_path: 
     assert _bench_module("text_bar").main(["--sets", str(tmp_path), "--checkpoint-dir", str(tmp_path / "c")]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"text_bar.py: --sets: {tmp_path} lacks train.parquet, test.parquet") and err.count("\n") == 1
+
+
+def test_grow_vs_scratch_quick_compares_each_grown_arm_with_scratch(tmp_path: Path):
+    """Single-process (--runtime local: its Ray runs are the same train() call on the pipeline): a row per grown
+    arm, a point per epoch, a PNG."""
+    out = tmp_path / "gvs.json"
+    _run_bench("grow_vs_scratch", ["--quick", "--runtime", "local", "--suites", "digits", "--methods", "dascpl",
+                                   "--seeds", "1", "--plots", str(tmp_path), "--json-out", str(out)])  # fmt: skip
+    r = json.loads(out.read_text())
+    assert sorted(row["arm"] for row in r["rows"]) == ["grown-all", "grown-frozen"]
+    assert all(row["init"] == "preserve" and row["largest_drop_at_growth"] == 0 for row in r["rows"]), r["rows"]
+    assert all(len(run["points"]) == 2 and run["points"][-1][1] > run["points"][0][1] > 0 for run in r["runs"])
+    assert Path(r["plots"][0]).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_grow_vs_scratch_counts_a_cached_prefix_once():
+    """3 x a training block's forward MACs per sample; a frozen prefix's forward every epoch without a cache,
+    once when its cache is built."""
+    gvs = _bench_module("grow_vs_scratch")
+    row = {"samples_per_second": 10.0, "seconds": 1.0}
+    history = [{**row, "epoch": 1, "blocks": 1, "training": 1}, {**row, "epoch": 2, "blocks": 2, "training": 1},
+               {**row, "epoch": 3, "blocks": 2, "training": 1}]  # fmt: skip
+    assert gvs.block_macs([5, 12]) == [5, 7]
+    assert gvs.training_macs(history, [], [5, 7]) == [150, 150 + 210 + 50, 150 + 2 * 260]
+    assert gvs.training_macs(history, [{"block": 1, "epoch": 1}], [5, 7]) == [200, 410, 620]
+    assert gvs.first_reach([(1.0, 10.0, 0.5), (2.0, 20.0, 0.9)], 0.8) == (2.0, 20.0)

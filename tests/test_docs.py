@@ -2,7 +2,9 @@
 tune_configs/ runs here as written (tiny data and epochs through GROWPIPE_SET, placeholders such as NAME
 filled in), or says in the doc why it cannot run here. A test runs the block marked `run as KEY` by
 calling block with that key. The tests share one checkout-like folder, as a user's shell session would: what one command
-writes (runs/fm/ck, a registered run) the next one reads; a command already run there is not run again."""
+writes (runs/fm/ck, a registered run) the next one reads; a command already run there is not run again. As in
+that session, a Ray started once is running (fixture `cluster`): the commands that need no Ray of their own join
+it through RAY_ADDRESS."""
 
 from __future__ import annotations
 
@@ -43,10 +45,18 @@ def view(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def fm(view: Path) -> Path:
+def cluster(ray_session) -> str:
+    """The address of a Ray that outlives the commands (this session's): the commands that do not test how a
+    run starts or stops its own Ray join it through RAY_ADDRESS. The README's demo, the runs held open and
+    the servers start their own, as a user's first commands do."""
+    return ray_session.get_runtime_context().gcs_address
+
+
+@pytest.fixture(scope="module")
+def fm(view: Path, cluster: str) -> Path:
     """The README's first everyday command (a Fashion-MNIST run saved to runs/fm/ck), which the pages that
     evaluate or serve runs/fm/ck take up."""
-    out = run_command(commands(block("readme-everyday").text)[0], view, environment())
+    out = run_command(commands(block("readme-everyday").text)[0], view, environment(ray_address=cluster))
     assert (view / "runs/fm/ck/manifest.json").is_file() and (view / "runs/fm/result.json").is_file(), out.stdout
     return view / "runs/fm/ck"
 
@@ -102,8 +112,8 @@ def test_doc_data(view: Path):
     _quiet(*outs)
 
 
-def test_doc_partition(view: Path):
-    outs = run_block(block("partition"), view, environment())
+def test_doc_partition(view: Path, cluster: str):
+    outs = run_block(block("partition"), view, environment(ray_address=cluster))
     assert yaml.safe_load((view / "runs/part.yaml").read_text())["net"]["layers"], outs[0].stdout
     _quiet(*outs)
 
@@ -120,9 +130,9 @@ def test_doc_sweep_file(view: Path, monkeypatch):
     assert configs and not problems, problems
 
 
-def test_doc_running(view: Path, fm: Path, ray_session):
+def test_doc_running(view: Path, fm: Path, cluster: str):
     """A run on an existing cluster (ADDRESS: this test session's Ray), the rest on their own."""
-    address = ray_session.get_runtime_context().gcs_address
+    address = cluster
     outs = run_block(block("running"), view, environment(), {"ADDRESS": address})
     assert (view / "runs/fm/result.json").is_file() and (view / "runs/fm/ck/manifest.json").is_file()
     joined = re.search(r"^run    (\S+) ", outs[2].stdout, re.M)
@@ -133,10 +143,10 @@ def test_doc_running(view: Path, fm: Path, ray_session):
     _quiet(*outs)
 
 
-def test_doc_resume(view: Path):
+def test_doc_resume(view: Path, cluster: str):
     name = unique("resumed")
     tiny = "grow.schedule=[]; data.limit_train=256; data.limit_test=128"
-    env = environment(growpipe_set=tiny)
+    env = environment(growpipe_set=tiny, ray_address=cluster)
     sh(
         f".venv/bin/growpipe train --config configs/demo.yaml --set name={name} --set train.epochs=17 --runtime local",
         view,
@@ -148,7 +158,7 @@ def test_doc_resume(view: Path):
     assert "epoch  17/20" not in outs[1].stdout  # it went on after epoch 17: nothing trained twice
     # auto: no checkpoint of that name yet, so it starts (2 of its 12 epochs: the rest is the same command's)
     outs.append(run_command(filled(auto, {"name=mine": f"name={unique('mine')}"}), view,
-                            environment(growpipe_set=f"{tiny}; train.epochs=2")))  # fmt: skip
+                            environment(growpipe_set=f"{tiny}; train.epochs=2", ray_address=cluster)))  # fmt: skip
     assert "epoch   1/2" in outs[2].stdout, outs[2].stdout
     _quiet(*outs)
 
@@ -167,13 +177,14 @@ def test_doc_text_models(view: Path, tmp_path: Path):
     home = tmp_path / "home"
     _glove(home, ["the", "of", "and", "computer", "god", "car", "game", "space"])
     small = f"{TINY}; data.max_len=64; data.vocab_size=2000"  # the transformer at 736 x 46k words: minutes here
-    outs = run_block(block("text-models"), view, environment({"HOME": str(home)}, growpipe_set=small))
+    env = environment({"HOME": str(home)}, growpipe_set=small)  # its own Ray: the stages read ~ of this HOME
+    outs = run_block(block("text-models"), view, env)
     assert "scpl on 20newsgroups (transformer" in outs[0].stdout and "word vectors" in outs[0].stdout, outs[0].stdout
     _quiet(*outs)
 
 
-def test_doc_api_train(view: Path):
-    out = python_block(block("api-train"), view, environment())
+def test_doc_api_train(view: Path, cluster: str):
+    out = python_block(block("api-train"), view, environment(ray_address=cluster))
     printed = re.search(r"^(0\.\d+|1\.0) 3$", out.stdout, re.M)  # test accuracy, depth (grown from 2 to 3)
     assert printed and "'threshold': 0.95" in out.stdout, out.stdout
     _quiet(out)
@@ -202,7 +213,9 @@ if __name__ == "__main__":  # the list of blocks and what becomes of each
 
 
 @pytest.mark.timeout(1200)
-def test_doc_a_running_job_grown_followed_resumed_served_and_its_model(view: Path, fm: Path, tmp_path: Path):
+def test_doc_a_running_job_grown_followed_resumed_served_and_its_model(
+    view: Path, fm: Path, tmp_path: Path, cluster: str
+):
     """The README's everyday commands, docs/serving.md's three sources and its API, docs/tracking.md's model
     blocks: one plain `growpipe train` of run NAME (registered in MLflow) held open while it is grown and a
     follower serves it, then resumed, served from its registered model, and its model loaded and served by
@@ -214,7 +227,8 @@ def test_doc_a_running_job_grown_followed_resumed_served_and_its_model(view: Pat
     for split, frame in zip(("train", "test"), text_frames(), strict=True):
         frame.to_parquet(tmp_path / "news" / f"{split}.parquet")
     names = {"NAME": name, "DIR": str(tmp_path / "news"), "/ABSOLUTE/PATH": str(view)}
-    env = environment({"GROWPIPE_SWEEP_SET": "num_samples=2"})  # the README's sweep on 2 of its 8 trials
+    env = environment({"GROWPIPE_SWEEP_SET": "num_samples=1"})  # the README's sweep on 1 of its 8 trials
+    joined = environment({"GROWPIPE_SWEEP_SET": "num_samples=1"}, ray_address=cluster)
     everyday = [filled(c, names) for c in commands(block("readme-everyday").text)]
     sources = [filled(c, names) for c in commands(block("serving").text)]
     assert sources[0] == everyday[7] == f".venv/bin/growpipe serve --run {name} --follow"
@@ -232,7 +246,7 @@ def test_doc_a_running_job_grown_followed_resumed_served_and_its_model(view: Pat
         finally:
             assert follow.stop() in (0, 143, -15), follow.output()[-3000:]
         assert "registered" in run.output() and "Traceback" not in follow.output(), follow.output()[-3000:]
-    outs.append(run_command(everyday[2], view, env))  # train --resume NAME: its newest checkpoint is its end
+    outs.append(run_command(everyday[2], view, joined))  # train --resume NAME: its newest checkpoint is its end
     for source, check in ((sources[1], "serving-api"), (sources[2], "version")):
         server = Background(source, view, env, tmp_path / "serve.log")
         try:
@@ -267,6 +281,6 @@ def test_doc_a_running_job_grown_followed_resumed_served_and_its_model(view: Pat
         wait_until(f"{command}: port 5001 free", lambda: not answers("http://127.0.0.1:5001/ping"))
         if request:  # growpipe's (the other is MLflow's own command, whose lines are MLflow's)
             assert not library_noise(server.output()), library_noise(server.output())
-    outs += run_block(block("readme-everyday"), view, env, names,
+    outs += run_block(block("readme-everyday"), view, joined, names,
                       skip=lambda c: c in (everyday[1], everyday[2], everyday[7], everyday[8]))  # fmt: skip
     _quiet(*outs)

@@ -18,6 +18,7 @@ BENCHES = {
     "elastic": "elastic.py",
     "growth": "growth.py",
     "grow-latency": "grow_latency.py",
+    "grow-vs-scratch": "grow_vs_scratch.py",
     "guard": "guard.py",
     "lstm-pooling": "lstm_pooling.py",
     "lstm-speed": "lstm_speed.py",

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from growpipe.config import GrowStep, RunConfig
+from growpipe.data.presence import KNOWN_INPUTS, planned_input
+from growpipe.errors import ConfigError
+from growpipe.nn.backbones import IMAGE_BACKBONES
+from growpipe.nn.net import plan_blocks, plan_growth_block
+from growpipe.nn.specs import BlockSpec, InputInfo
 
 
 class GrowthPlan:
@@ -59,6 +66,55 @@ def grow_refusal(run: str, depth: int, pending: int, limit: int) -> str | None:
     return f"run {run!r} is at grow.max_blocks={limit} blocks{counting}"
 
 
+def planned_steps(cfg: RunConfig) -> list[tuple[str, GrowStep]]:
+    """The steps the growth plan may take, in order, each with the field that asks for it: the schedule's, or
+    grow.step up to grow.max_blocks (every_epochs, on_plateau)."""
+    if cfg.grow.policy() in ("every_epochs", "on_plateau"):
+        return [("grow.step", cfg.grow.step)] * max(0, cfg.max_blocks() - cfg.net.blocks)
+    return [(f"grow.schedule[{i}]", step) for i, step in enumerate(cfg.grow.schedule)]
+
+
+def preserve_plan_problem(cfg: RunConfig, info: InputInfo, specs: list[BlockSpec]) -> str | None:
+    """With grow.init: preserve, why a planned step not taken yet (the net has `specs`) cannot start where the
+    net stands, naming the step and the fix; None: every one can (or grow.init is fresh)."""
+    if cfg.grow.init != "preserve":
+        return None
+    specs = list(specs)
+    for where, step in planned_steps(cfg)[max(0, len(specs) - cfg.net.blocks) :]:
+        try:
+            specs.append(plan_growth_block(cfg.net, info, specs[-1], step, preserve=True))
+        except ConfigError as e:
+            return f"{where}: {e}"
+    return None
+
+
+def preserve_config_problem(cfg: RunConfig) -> str | None:
+    """preserve_plan_problem before the run starts, on the input the config tells without reading the data
+    (growpipe.data.presence.planned_input) where that input fixes the blocks' shapes: every backbone but the
+    image ones, whose maps' sizes count when the data is a named set or data.image_shape / image_size says them.
+    Feature steps wait for the data's groups. None: fine, or left to the run's start (RunLoop, on its data)."""
+    data = cfg.data
+    sized = data.name in KNOWN_INPUTS or data.image_shape is not None or data.image_size is not None
+    if cfg.grow.init != "preserve" or (cfg.net.backbone in IMAGE_BACKBONES and not sized):
+        return None
+    if any(step.kind == "feature" for _, step in planned_steps(cfg)):
+        return None
+    shape, dtype, classes, vocab, _ = planned_input(data, cfg.net.backbone)
+    info = InputInfo(shape, dtype, classes, vocab)
+    try:
+        with torch.device("meta"):  # shapes only: no weights in the driver (the first meta pass costs ~1 s)
+            return _planned_problem(cfg, info)
+    except NotImplementedError:  # a forward that reads its data (a packed LSTM's lengths) cannot run on meta
+        return _planned_problem(cfg, info)
+
+
+def _planned_problem(cfg: RunConfig, info: InputInfo) -> str | None:
+    try:
+        return preserve_plan_problem(cfg, info, plan_blocks(cfg.net, cfg.rule(), info))
+    except ConfigError:  # a net the planned input cannot build: the data's checks say so
+        return None
+
+
 class FrozenWatch:
     """Checksums of blocks taken when they were frozen, compared at the end: did they stay bit-identical?"""
 
@@ -80,7 +136,9 @@ class FrozenWatch:
 def growth_event(
     epoch: int, step: GrowStep, blocks: int, history: list[dict[str, Any]], source: str, batch: int | None = None
 ) -> dict[str, Any]:
-    """One entry of the growth history; acc_after is filled in by `note_epoch` as training goes on."""
+    """One entry of the growth history. acc_before is the newest epoch's test accuracy and acc_after is filled
+    in by `note_epoch` as training goes on (the grown net at the end of its phase); acc_just_before /
+    acc_just_after, the net's test accuracy at the moment of growth, by the loop (grow.eval_at_growth)."""
     return {
         "epoch": epoch,
         "batch": batch,
@@ -91,6 +149,8 @@ def growth_event(
         "source": source,
         "acc_before": history[-1]["test_accuracy"] if history else None,
         "acc_after": None,
+        "acc_just_before": None,
+        "acc_just_after": None,
     }
 
 

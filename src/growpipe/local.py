@@ -28,6 +28,7 @@ from growpipe.loop.topology import Layout
 from growpipe.nn.block import Block
 from growpipe.nn.methods import build_block
 from growpipe.nn.net import GrowableNet
+from growpipe.nn.preserve import exit_state, start_from_exit, starts_preserved
 from growpipe.nn.specs import BlockSpec, InputInfo
 from growpipe.prepare import checkpoint_store, resolve_paths, run_callbacks
 
@@ -100,9 +101,12 @@ class LocalEngine(WithoutBundles):
 
     def attach_block(self, block: Prepared, freeze: bool) -> None:
         net = self._net()
+        new = cast(Block, block.handle)  # what prepare_block built
+        if starts_preserved(block.spec):  # grow.init: preserve: the exit of the block below, as it is now
+            start_from_exit(new, exit_state(net.blocks[-1]))
         if freeze:
             net.freeze()
-        net.append(cast(Block, block.handle))  # what prepare_block built
+        net.append(new)
 
     def evaluate(self) -> dict[str, Any]:
         assert self.bundle is not None

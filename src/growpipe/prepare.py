@@ -26,6 +26,7 @@ from growpipe.device import precision_problem
 from growpipe.envvars import extra_overrides
 from growpipe.errors import ConfigError, GrowpipeError
 from growpipe.fsutil import unwritable
+from growpipe.growth import preserve_config_problem
 from growpipe.loop.callbacks import ProgressLog, RunCallback
 from growpipe.memory import memory_problem
 from growpipe.outputs import Kind, check_outputs
@@ -195,6 +196,8 @@ def run_problems(cfg: RunConfig, outputs: dict[str, tuple[str | None, Kind]] | N
     if embedded_ray and (why := embedded_capacity_problem(cfg)):
         problems.append(why)
     if why := precision_problem(cfg.train.precision, cfg.device):
+        problems.append(why)
+    if why := preserve_config_problem(cfg):
         problems.append(why)
     here = data_here if data_here is not None else embedded_ray or not on_ray
     ddp = on_ray and cfg.method == "bp" and cfg.engine() == "ddp"

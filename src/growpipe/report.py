@@ -122,7 +122,10 @@ def format_report(summary: dict[str, Any]) -> str:
     for g in summary["growth"]:
         before = "n/a" if g["acc_before"] is None else f"{g['acc_before']:.4f}"
         after = "n/a" if g["acc_after"] is None else f"{g['acc_after']:.4f}"
-        lines.append(f"  growth at epoch {g['epoch']}: +{g['kind']} -> {g['blocks']} blocks, acc {before} -> {after}")
+        line = f"  growth at epoch {g['epoch']}: +{g['kind']} -> {g['blocks']} blocks, acc {before} -> {after}"
+        if (just := g.get("acc_just_before")) is not None and g.get("acc_just_after") is not None:
+            line += f" (at growth {just:.4f} -> {g['acc_just_after']:.4f})"  # grow.eval_at_growth
+        lines.append(line)
     return "\n".join(lines)
 
 

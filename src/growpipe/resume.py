@@ -22,8 +22,9 @@ def plan_resume(config: str | None, overrides: list[str], resume: str,
     checkpoints are set aside, said in one line through `say` (newest_whole_checkpoint).
 
     Without --config the checkpoint's own config is used (--set may change tracking, runtime, checkpoint,
-    eval fields, train.epochs and grow.max_blocks); with --config, any other difference is refused, naming
-    the field. `auto` starts fresh when the run has no checkpoint; a named run must have one.
+    eval fields, train.epochs, grow.max_blocks, grow.init and grow.eval_at_growth: RESUMABLE_DIFFERENCES);
+    with --config, any other difference is refused, naming the field. `auto` starts fresh when the run has no
+    checkpoint; a named run must have one.
     """
     given = load_config(config, overrides)
     name = given.name if resume == "auto" else check_run_name(resume, "--resume")

@@ -13,7 +13,8 @@ from growpipe.errors import CheckpointError
 from growpipe.manifest import FORMAT_VERSION
 from growpipe.nn.methods import block_arch
 
-RESUMABLE_DIFFERENCES = ("name", "tracking.", "runtime.", "checkpoint.", "train.epochs", "eval.", "grow.max_blocks")
+RESUMABLE_DIFFERENCES = ("name", "tracking.", "runtime.", "checkpoint.", "train.epochs", "eval.", "grow.max_blocks",
+                         "grow.init", "grow.eval_at_growth")  # fmt: skip
 """Config fields a resumed run may set differently from its checkpoint (by dotted prefix)."""
 
 

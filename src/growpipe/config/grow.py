@@ -93,6 +93,17 @@ class GrowSpec(Strict):
     refused); default: net.blocks + len(schedule), so set it for `growpipe grow` to add blocks beyond those."""
     freeze: bool = True
     """Freeze earlier blocks when a block is appended (only the new block trains)."""
+    init: Literal["fresh", "preserve"] = "fresh"
+    """How a new block starts: fresh (its own seeded initial weights), or preserve: where the net stands, so
+    the accuracy does not drop at the moment of growth: its encoder gated to hand its input on (x + g * (f(x) -
+    x), the learned g starting at 0) and its exit copied from the block below's (AL: the bridge, its decoder the
+    identity). Needs a block whose output has its input's shape (a dense block as wide as the one below, a
+    transformer block, a conv block on 1x1 maps); a plan that cannot is refused at the start (docs/growth.md)."""
+    eval_at_growth: bool = False
+    """Evaluate the net (test split, and the validation split when there is one) just after each growth, and
+    just before one made within an epoch (at an epoch's end its evaluation is the net's before): the growth
+    history's acc_just_before / acc_just_after. One more evaluation pass per growth (two mid-epoch), which a
+    request's answer and the new block's first step wait for: off by default."""
     cache: CacheSpec = CacheSpec()
     """The frozen-prefix cache (local-learning pipeline on Ray)."""
     on_no_capacity: Literal["fail", "pack"] = "fail"

@@ -74,8 +74,12 @@ class RunConfig(Strict):
             raise ValueError("grow.on_plateau watches validation accuracy: set data.val_fraction (e.g. 0.1)")
         least = self.net.blocks + len(self.grow.schedule)
         if self.grow.max_blocks is not None and self.grow.max_blocks < least:
-            raise ValueError(f"grow.max_blocks ({self.grow.max_blocks}) is below the {least} blocks of the schedule")
+            raise ValueError(f"grow.max_blocks ({self.grow.max_blocks}) is below the {least} blocks the plan grows to "
+                             f"(net.blocks {self.net.blocks} + {len(self.grow.schedule)} schedule step(s)); raise it "
+                             f"to {least} or more, or plan fewer blocks")  # fmt: skip
         if why := self.engine_problem():
+            raise ValueError(why)
+        if self.grow.init == "preserve" and (why := self.preserve_problem()):
             raise ValueError(why)
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device: {self.device!r} is not auto, cpu, cuda or cuda:N")
@@ -105,6 +109,17 @@ class RunConfig(Strict):
                 else "set data.feature_groups (scheme, count, base) to declare groups"
             )
             raise ValueError(f"{where}: unknown feature group {step.group!r}; {hint}")
+
+    def preserve_problem(self) -> str | None:
+        """Why grow.init: preserve cannot hold for this config whatever the data (None: the blocks decide, when
+        the run starts: growpipe.growth.preserve_plan_problem)."""
+        if self.engine() == "ddp":
+            return ("grow.init: preserve: runtime.engine ddp builds a grown block in its next trainer, without the "
+                    "exit below it; use runtime.engine gpipe or 1f1b, or grow.init: fresh")  # fmt: skip
+        if self.method == "al" and self.al.decoder_activation:
+            return ("grow.init: preserve: al.decoder_activation ends a new block's decoder in an activation, which "
+                    "cannot start as the identity; set al.decoder_activation: false, or grow.init: fresh")  # fmt: skip
+        return None
 
     def rule(self) -> RuleSettings:
         """The settings nn/ builds blocks from."""

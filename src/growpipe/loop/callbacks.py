@@ -81,8 +81,10 @@ class ProgressLog(RunCallback):
     def on_growth(self, event: dict[str, Any]) -> None:
         at = f" at epoch {event['epoch'] + 1} batch {event['batch']}" if event["batch"] is not None else ""
         where = f", {event['where']}" if event.get("where") else ""
+        before, after = event.get("acc_just_before"), event.get("acc_just_after")
+        acc = f", test accuracy {before:.4f} -> {after:.4f}" if before is not None and after is not None else ""
         self.say(f"grow   +{event['kind']} block {event['block']} ({event['family']}) -> {event['blocks']} blocks"
-                 f"{where}{at}")  # fmt: skip
+                 f"{where}{at}{acc}")  # fmt: skip
 
 
 def wants_final_net(callback: RunCallback) -> bool:

@@ -163,8 +163,9 @@ class Engine(Protocol):
         ...
 
     def attach_block(self, block: Prepared, freeze: bool) -> None:
-        """Append a prepared block after the last one (the earlier ones frozen first when `freeze`). The
-        engine is idle (between two run_epoch calls)."""
+        """Append a prepared block after the last one (the earlier ones frozen first when `freeze`); a block
+        planned to start where the net stands (growpipe.nn.preserve.starts_preserved) takes the exit of the
+        last one as it is now (start_from_exit). The engine is idle (between two run_epoch calls)."""
         ...
 
     def discard_block(self, block: Prepared) -> None:

@@ -4,17 +4,19 @@ earlier blocks are frozen, the newest one may train from their cached outputs (C
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 from growpipe.config import GrowStep, RunConfig
-from growpipe.growth import GrowthPlan, grow_refusal, growth_event
+from growpipe.errors import ConfigError
+from growpipe.growth import GrowthPlan, grow_refusal, growth_event, preserve_plan_problem
 from growpipe.loop.callbacks import RunCallback, notify
 from growpipe.loop.engine import Engine, Prepared
 from growpipe.loop.orders import GrowingRun, GrowRequests
 from growpipe.loop.record import RunRecord
 from growpipe.loop.states import Growing
-from growpipe.nn.specs import BlockSpec
+from growpipe.nn.specs import BlockSpec, InputInfo
 
 Attacher = Callable[[Prepared, GrowStep], dict[str, Any]]
 
@@ -30,6 +32,12 @@ class Growth:
         self.requests, self.callbacks, self.say = requests, callbacks, say
         self.plan = GrowthPlan(cfg)
         self.cache_due = False  # the net grew with its earlier blocks frozen: cache their outputs first
+        self._measured: tuple[tuple[int, int | None, int], float] | None = None  # (epoch, batch, depth), accuracy
+
+    def check_plan(self, info: InputInfo, specs: list[BlockSpec]) -> None:
+        """At the start: ConfigError when a planned step cannot start as grow.init asks (preserve)."""
+        if why := preserve_plan_problem(self.cfg, info, specs):
+            raise ConfigError(why)
 
     def grow(self, g: Growing, run: GrowingRun) -> bool:
         """The growth of boundary `g`: its planned steps (a step the grow limit stops is skipped, one that
@@ -46,8 +54,7 @@ class Growth:
         if g.order is not None:
             grew = requests.attach(g.order, len(run.specs), self._attacher(run.specs, g.epoch, g.batch)) or grew
         if g.resume is None:  # between epochs: the requests waiting now
-            while not requests.orders.empty():
-                order = requests.orders.get()
+            while (order := requests.next_order()) is not None:
                 if requests.prepare(order, run):
                     grew = requests.attach(order, len(run.specs), self._attacher(run.specs, g.epoch, None)) or grew
         return grew
@@ -61,6 +68,7 @@ class Growth:
         it; `epoch` finished epochs, `batch` batches into the next (None: at the boundary). Returns the event."""
         depth = len(specs)
         freeze = self.cfg.grow.freeze
+        before, before_s = self.accuracy_now(epoch, batch, depth)
         self.engine.attach_block(prepared, freeze)
         if freeze:
             self.rec.frozen |= set(range(depth))
@@ -69,12 +77,31 @@ class Growth:
             self.cache_due = self.cfg.grow.cache.enabled and prepared.cacheable
         event = growth_event(epoch, step, depth + 1, self.rec.history, source, batch)
         event.update(block=prepared.spec.index, family=prepared.spec.encoder.family, where=prepared.where)
+        if self.cfg.grow.eval_at_growth:
+            after, after_s = self.accuracy_now(epoch, batch, depth + 1)
+            event.update(acc_just_before=before, acc_just_after=after, eval_seconds=round(before_s + after_s, 4))
         specs.append(prepared.spec)
         self.plan.grew(epoch)
         self.rec.best = None  # model selection starts again on the grown net
         self.rec.growth.append(event)
         notify(self.callbacks, "on_growth", event, say=self.say)
         return event
+
+    def accuracy_now(self, epoch: int, batch: int | None, depth: int) -> tuple[float | None, float]:
+        """The test accuracy of the net as it is now, `depth` blocks after `epoch` finished epochs and `batch`
+        batches into the next (grow.eval_at_growth; None when off), and the seconds its evaluation took here:
+        the evaluation made at this very point (the epoch's row, the growth just before: 0 s), else one now."""
+        if not self.cfg.grow.eval_at_growth:
+            return None, 0.0
+        key = (epoch, batch, depth)
+        if self._measured is not None and self._measured[0] == key:
+            return self._measured[1], 0.0
+        rows = self.rec.history
+        if batch is None and rows and (rows[-1]["epoch"], rows[-1]["blocks"]) == (epoch, depth):
+            return rows[-1]["test_accuracy"], 0.0
+        t0 = time.perf_counter()
+        self._measured = (key, self.engine.evaluate()["full_accuracy"])
+        return self._measured[1], time.perf_counter() - t0
 
     def skip_planned(self, step: GrowStep, source: str, epoch: int, why: str) -> None:
         """A planned step the grow limit stops (a request took its place): said once, recorded, the run goes on."""
@@ -99,4 +126,5 @@ class Growth:
         """After `rec` came back from a checkpoint: the plan counts from its newest growth, and a frozen prefix
         is cached again (a restored engine holds no cache)."""
         self.plan.grew(self.rec.growth[-1]["epoch"] if self.rec.growth else 0)
+        self._measured = None
         self.cache_due = self.cfg.grow.cache.enabled and bool(self.rec.frozen)

@@ -107,7 +107,7 @@ class RunLoop:
             self._stopped(self.stop_reason or f"interrupted ({why})")
             raise
         finally:
-            self.requests.reject_all(f"run {self.run_name!r} has {self.state.name}; nothing to grow")
+            self.requests.close(f"run {self.run_name!r} has {self.state.name}; nothing to grow")
             self.engine.stop()
             notify(self.callbacks, "close", say=self.say)
         if isinstance(self.state, Errored):
@@ -146,6 +146,7 @@ class RunLoop:
             self.specs = [BlockSpec.from_dict(t) for t in manifest["topology"]]
         else:
             self.specs = plan_blocks(cfg.net, cfg.rule(), self.info)
+        self.growth.check_plan(self.info, self.specs)  # before any block is built: bad input stops the run here
         self.say(f"net    {self.engine.build(self.specs, layout)}")
         self.topology.note()
         if manifest and s.resume:
@@ -276,10 +277,11 @@ class RunLoop:
         the engine can pause at; one at a time, in arrival order (loop.orders.GrowRequests)."""
         return self.requests.submit(request, self)
 
-    def next_spec(self, step: GrowStep) -> BlockSpec:
-        """The spec of the block `step` appends."""
+    def next_spec(self, step: GrowStep, request: bool = False) -> BlockSpec:
+        """The spec of the block `step` appends (`request`: a grow request's, refused in a request's terms)."""
         assert self.info is not None
-        return plan_growth_block(self.cfg.net, self.info, self.specs[-1], step)
+        preserve = self.cfg.grow.init == "preserve"
+        return plan_growth_block(self.cfg.net, self.info, self.specs[-1], step, preserve, request)
 
     # ---- the record a checkpoint keeps ----------------------------------------------------------------
     def record(self) -> dict[str, Any]:
@@ -322,10 +324,11 @@ class RunLoop:
         A run that had not ended is recorded as stopped: KILLED in MLflow, nothing logged after."""
         if reason and not self.state.terminal:
             self._stopped(reason)
-        self.requests.reject_all(f"run {self.run_name!r} was stopped")
+        self.requests.close(f"run {self.run_name!r} was stopped; nothing to grow")
         self.engine.stop()
 
     def _stopped(self, reason: str) -> None:
+        self.requests.close(f"run {self.run_name!r} is stopping ({reason}); nothing to grow")  # none queued after
         if self.stop_reason is None:
             self.stop_reason = reason
             self.say(f"stop   {reason}")

@@ -38,7 +38,7 @@ class GrowingRun(Protocol):
     info: InputInfo | None
     specs: list[BlockSpec]
 
-    def next_spec(self, step: GrowStep) -> BlockSpec: ...
+    def next_spec(self, step: GrowStep, request: bool = False) -> BlockSpec: ...
 
 
 class GrowOrder:
@@ -91,6 +91,9 @@ class GrowRequests:
         self._placing_error: BaseException | None = None
         self._pause: Pause | None = None  # the running epoch's, while one runs
         self._lock = threading.Lock()
+        self.closed: str | None = None
+        """Why no request is taken any more (the run ends or is being stopped): set, and the queue drained,
+        under `_lock` (close), so no request is queued after it."""
 
     def submit(self, request: dict[str, Any], run: GrowingRun) -> dict[str, Any]:
         """A caller's request (blocks until its block is attached or refused): what was added, or
@@ -101,6 +104,8 @@ class GrowRequests:
         except (ConfigError, ValueError) as e:
             return {"error": str(e)}
         with self._lock:
+            if self.closed is not None:  # stopping or ended: nothing is placed, the run ends as it is
+                return {"error": self.closed}
             if run.state.terminal:
                 return {"error": f"run {self.run_name!r} has {run.state.name}; nothing to grow"}
             if why := grow_refusal(self.run_name, len(run.specs), self.pending, self.cfg.max_blocks()):
@@ -138,9 +143,16 @@ class GrowRequests:
     def _between_batches(self, run: GrowingRun) -> bool:
         """An engine that cannot place while training, between two batches: place a waiting request's block
         here, on the loop's thread; True once one is ready to attach."""
-        if self.prepared is None and not self.orders.empty() and self.prepare(order := self.orders.get(), run):
+        if self.prepared is None and (order := self.next_order()) is not None and self.prepare(order, run):
             self.prepared = order
         return self.prepared is not None
+
+    def next_order(self) -> GrowOrder | None:
+        """The next waiting request, now the caller's to prepare (None: none waits, or the requests are closed)."""
+        with self._lock:
+            if self.closed is not None or self.orders.empty():
+                return None
+            return self.orders.get_nowait()
 
     def _place_next(self, run: GrowingRun) -> None:
         """While an epoch runs on an engine that places while training: place the next waiting request's block
@@ -148,7 +160,8 @@ class GrowRequests:
         if not self.engine.places_while_training:
             return
         with self._lock:
-            if self._pause is None or self.prepared is not None or self._placing is not None or self.orders.empty():
+            busy = self.prepared is not None or self._placing is not None
+            if self._pause is None or busy or self.closed is not None or self.orders.empty():
                 return
             order = self.orders.get()
             thread = threading.Thread(target=self._place, args=(order, run), name="growpipe-place", daemon=True)
@@ -196,9 +209,12 @@ class GrowRequests:
     def prepare(self, order: GrowOrder, run: GrowingRun) -> bool:
         """Place and build a requested block; on a refusal answer the caller and leave the run as it is."""
         assert run.info is not None
+        if self.closed is not None:  # taken just before the requests closed: no block is placed for it
+            self.answer(order, error=self.closed)
+            return False
         try:
             check_input_size(order.ask, run.info, run.specs[-1])
-            order.prepared = self.engine.prepare_block(run.next_spec(order.ask.as_step()))
+            order.prepared = self.engine.prepare_block(run.next_spec(order.ask.as_step(), request=True))
         except (GrowpipeError, ValueError) as e:
             self.answer(order, error=describe(e))
             self.say(f"grow   request refused: {order.error}")
@@ -228,14 +244,20 @@ class GrowRequests:
         else:
             order.fail(error or "refused")
 
-    def reject_all(self, why: str) -> None:
-        """Answer every request not attached yet with `why` (the run ends or was stopped)."""
+    def close(self, why: str) -> None:
+        """Take no request from now on (`why`: what a caller is answered) and answer every one not attached
+        yet with it: the run ends or is being stopped. The first reason stays; a second call drains again
+        (what the loop's thread held while the first one ran)."""
+        with self._lock:
+            self.closed = self.closed or why
+            why = self.closed
         with contextlib.suppress(Exception):  # the run ends either way; its failure is known already
-            self.collect(wait=True)
-        orders = [self.prepared] if self.prepared is not None else []
-        self.prepared = None
-        while not self.orders.empty():
-            orders.append(self.orders.get())
+            self.collect(wait=True)  # no placement starts once closed: wait for the one under way
+        with self._lock:
+            orders = [self.prepared] if self.prepared is not None else []
+            self.prepared = None
+            while not self.orders.empty():
+                orders.append(self.orders.get_nowait())
         for order in orders:
             if order.prepared is not None:
                 self.engine.discard_block(order.prepared)

@@ -338,8 +338,34 @@ class SequenceFeatureEncoder(Encoder):
         return self.body.handoff()
 
 
+class GatedEncoder(Encoder):
+    """A grown block that starts as the identity (grow.init: preserve): x + gate * (f(x) - x), the gate one
+    learned number starting at 0 (as ReZero, Bachlechner et al. 2020), so the block hands its input on until it
+    learns, and at gate 1 is f itself. Only for an f whose output has its input's shape. (A zero last layer
+    would not do: an MLP block ends in a ReLU, whose gradient at 0 is 0, so the branch would never learn.)"""
+
+    def __init__(self, inner: Encoder):
+        super().__init__()
+        self.inner = inner
+        self.gate = nn.Parameter(torch.zeros(1))
+
+    def forward(self, x, mask=None, side=None):
+        s, out_mask = self.inner(x, mask, side)
+        return x + self.gate * (s - x), out_mask
+
+    def pool(self, s: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        return self.inner.pool(s, mask)
+
+    def handoff(self) -> dict[str, torch.Tensor]:
+        return self.inner.handoff()
+
+
 def build_encoder(spec: EncoderSpec, info: InputInfo | None = None) -> Encoder:
-    """Instantiate the encoder a spec describes (`info` supplies data-derived buffers such as the IDF)."""
+    """Instantiate the encoder a spec describes (`info` supplies data-derived buffers such as the IDF); with
+    `gate` in its params, gated (GatedEncoder: it starts as the identity)."""
+    if spec.params.get("gate"):
+        params = {k: v for k, v in spec.params.items() if k != "gate"}
+        return GatedEncoder(build_encoder(EncoderSpec(spec.family, spec.in_shape, spec.in_dtype, params), info))
     p, shape = spec.params, spec.in_shape
     fam = spec.family
     if fam == "mlp":

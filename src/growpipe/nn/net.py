@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from growpipe.config import GrowStep, NetSpec, RuleSettings
-from growpipe.errors import ShapeError
+from growpipe.errors import ConfigError, ShapeError
 from growpipe.nn.backbones import FEATURE_FAMILIES, growth_encoder, output_shape, plan_encoders
 from growpipe.nn.block import Block
 from growpipe.nn.guard import SKIPPED
@@ -15,6 +15,7 @@ from growpipe.nn.inference import Decode, EarlyExit, Exited, early_exit_through,
 from growpipe.nn.methods import RULES, block_arch, build_block
 from growpipe.nn.methods.bp import train_chain
 from growpipe.nn.packet import Packet
+from growpipe.nn.preserve import exit_state, gated, preserve_problem, start_from_exit
 from growpipe.nn.specs import BlockSpec, InputInfo
 
 
@@ -29,11 +30,18 @@ def plan_blocks(net: NetSpec, rule: RuleSettings, info: InputInfo) -> list[Block
     ]
 
 
-def plan_growth_block(net: NetSpec, info: InputInfo, last: BlockSpec, step: GrowStep) -> BlockSpec:
+def plan_growth_block(net: NetSpec, info: InputInfo, last: BlockSpec, step: GrowStep, preserve: bool = False,
+                      request: bool = False) -> BlockSpec:  # fmt: skip
     """The spec of the block a growth step appends on top of `last`: the encoder the step describes, the rule
-    and architecture choices of `last` (a net's heads agree: AL's label codes pass from block to block)."""
+    and architecture choices of `last` (a net's heads agree: AL's label codes pass from block to block). With
+    `preserve` (grow.init: preserve) gated to start as the identity, or ConfigError saying why it cannot (in a
+    grow request's terms with `request`)."""
     shape, _ = output_shape(last.encoder, info)
     enc = growth_encoder(net, info, last.encoder, shape, step)
+    if preserve:
+        if why := preserve_problem(last, enc, info, net, request):
+            raise ConfigError(f"grow.init: preserve: {why}")
+        enc = gated(enc)
     return BlockSpec(last.index + 1, enc, True, info.num_classes, last.method, dict(last.arch))
 
 
@@ -103,11 +111,13 @@ class GrowableNet:
             )
         self.blocks.append(block.to(self.device))
 
-    def grow(self, net_spec: NetSpec, step: GrowStep) -> Block:
-        """Append the block a growth step describes (on the backbone `net_spec`). Whether the earlier blocks
-        are frozen first is the caller's decision (`freeze`)."""
-        spec = plan_growth_block(net_spec, self.info, self.blocks[-1].spec, step)
+    def grow(self, net_spec: NetSpec, step: GrowStep, preserve: bool = False) -> Block:
+        """Append the block a growth step describes (on the backbone `net_spec`; `preserve`: starting where the
+        net stands, growpipe.nn.preserve). Whether the earlier blocks are frozen first is the caller's decision."""
+        spec = plan_growth_block(net_spec, self.info, self.blocks[-1].spec, step, preserve)
         block = build_block(self.settings, spec, self.info)
+        if preserve:
+            start_from_exit(block, exit_state(self.blocks[-1]))
         self.append(block)
         return block
 

@@ -35,7 +35,7 @@ def make_engine(cfg: RunConfig, run_name: str, reserved: tuple[Any, int] | None,
     """The Ray engine the config names (RunConfig.engine). A stage engine names its actors after `actor_name`,
     the controller's (runtime/names.py: RUN@ATTEMPT/stageK), DDP its Ray Train storage after the run."""
     if cfg.engine() == "ddp":
-        return DDPEngine(cfg, run_name, reserved, say)
+        return DDPEngine(cfg, run_name)
     stages = PipelineEngine if cfg.engine() == "pipeline" else BPPipelineEngine
     return stages(cfg, actor_name or run_name, reserved, say)
 

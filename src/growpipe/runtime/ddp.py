@@ -37,8 +37,8 @@ class DDPEngine(WithoutBundles):
     places_while_training = True  # nothing is placed: the block is built when the next trainer starts
     net: GrowableNet | None = None
 
-    def __init__(self, cfg: RunConfig, run_name: str, reserved: Any = None, say: Any = None):
-        self.cfg, self.run_name, self.storage = cfg, run_name, f"{cfg.checkpoint.uri}/{run_name}.ray-train"
+    def __init__(self, cfg: RunConfig, run_name: str):
+        self.cfg, self.storage = cfg, f"{cfg.checkpoint.uri}/{run_name}.ray-train"
         self.workers = cfg.ddp.workers or cfg.net.blocks
         self.config = cfg.model_dump(mode="json")
         self.info: InputInfo | None = None
@@ -52,15 +52,19 @@ class DDPEngine(WithoutBundles):
         self.attempt = uuid.uuid4().hex[:8]  # names this engine's trainers: a resumed run's start afresh
         self.pruned = 0  # this engine's trainers up to this one have had their folders removed
         self.training_workers = 0  # the workers that trained the newest part (elastic: may be fewer)
-        self._built: tuple[tuple[Any, int, int], list[dict[str, Any]]] | None = None  # _states()'s last answer
+        self._built: tuple[Any, list[dict[str, Any]]] | None = None  # _states()'s last answer
 
-    def _start(self, epoch: int, batch: int) -> None:
-        """A new trainer from `at`, at batch `batch` of epoch `epoch`."""
-        self._end()
-        self.trainers += 1
-        config = {"cfg": self.config, "topology": self.layers, "frozen": self.frozen, "start": self.at,
-                  "position": (epoch, batch), "last_epoch": self.cfg.total_epochs()}  # fmt: skip
-        self.trainer = Trainer(self.cfg, self.storage, f"{self.attempt}-{self.trainers}", config)
+    def _trainer(self, epoch: int, batch: int) -> Trainer:
+        """The trainer at batch `batch` of epoch `epoch`: the running one, or a new one from `at`."""
+        if self.stopped:
+            raise WorkerLost("the DDP trainer was stopped")
+        if self.trainer is None or self.trainer.next != (epoch, batch):
+            self._end()
+            self.trainers += 1
+            config = {"cfg": self.config, "topology": self.layers, "frozen": self.frozen, "start": self.at,
+                      "position": (epoch, batch)}  # fmt: skip
+            self.trainer = Trainer(self.cfg, self.storage, f"{self.attempt}-{self.trainers}", config)
+        return self.trainer
 
     def _end(self) -> None:
         if self.trainer is not None:
@@ -68,10 +72,9 @@ class DDPEngine(WithoutBundles):
         self.trainer = None
 
     def _states(self) -> list[dict[str, Any]]:
-        """Every block's state as it is now, built here once per change (a growth asks for its checksums, then
-        saves: one build)."""
+        """Every block's state as it is now, built once per change (a growth asks for its checksums, then saves)."""
         assert self.info is not None
-        key = (self.at, len(self.layers), self.frozen)
+        key = (self.at, self.layers, self.frozen)
         if self._built is None or self._built[0] != key:
             blocks = assemble(self.cfg, self.info, self.layers, self.frozen, self.at)
             self._built = (key, [cpu_copy(b.state_dict()) for b in blocks])
@@ -86,18 +89,13 @@ class DDPEngine(WithoutBundles):
     def build(self, specs: list[BlockSpec], layout: dict[str, Any] | None) -> str:
         self._end()
         self.layers, self.frozen, self.at, self.exact, self.eval = [s.to_dict() for s in specs], 0, None, True, None
-        self._built = None
         return (f"bp (data-parallel, Ray Train) on {self.cfg.net.backbone}: {self.workers} DDP workers, "
                 f"global batch {self.cfg.data.batch_size}")  # fmt: skip
 
     def run_epoch(self, epoch: int, start_batch: int, stop_at: int | None, pause: Pause) -> EpochPart:
-        if self.stopped:
-            raise WorkerLost("the DDP trainer was stopped")
-        if self.trainer is None or self.trainer.next != (epoch, start_batch):
-            self._start(epoch, start_batch)
-        assert self.trainer is not None
-        with pause.forwarded(self.trainer.stop):
-            part = self.trainer.part()
+        trainer = self._trainer(epoch, start_batch)
+        with pause.forwarded(trainer.stop):
+            part = trainer.part()
         if self.stopped:
             raise WorkerLost("the DDP trainer was stopped")
         self.at, self.exact, self.eval = part["checkpoint"], True, part["eval"]
@@ -106,11 +104,8 @@ class DDPEngine(WithoutBundles):
         if self.pruned < self.trainers - 1:  # the first part of a new trainer: the earlier ones' folders go
             remove_folders(self.storage, [f"{self.attempt}-{n}" for n in range(self.pruned + 1, self.trainers)])
             self.pruned = self.trainers - 1
-        counted = part["loss_batches"]  # the batches not skipped
-        stats = StageStats(0, "DDP", samples=part["samples"], batches=part["batches"], busy_s=part["busy_s"],
-                           skipped=part["skipped"], loss_sums=part["loss"] if counted else {},
-                           loss_batches={k: counted for k in part["loss"]} if counted else {})  # fmt: skip
-        return EpochPart([stats], part["samples"], part["at"])
+        stats = StageStats(**part["stats"])
+        return EpochPart([stats], stats.samples, part["at"])
 
     def prepare_block(self, spec: BlockSpec) -> Prepared:
         return Prepared(spec, f"on {self.workers} DDP workers", cacheable=False)  # built when a trainer starts
@@ -134,8 +129,7 @@ class DDPEngine(WithoutBundles):
         return {int(t["index"]): checksum_of(s["modules"]) for t, s in zip(self.layers, self._states(), strict=True)}
 
     def save(self, store: CheckpointStore, ckpt_dir: str) -> list[dict[str, Any]]:
-        """The part's shards copied into the loop's checkpoint `ckpt_dir` (written from here after a growth,
-        or at the start: the fresh net)."""
+        """The part's shards copied into `ckpt_dir` (written from here after a growth, or at the start: fresh)."""
         if self.exact and self.at is not None:
             copy_shards(self.at["fs"], self.at["path"], self.at["shards"], store.fs, ckpt_dir)
             return list(self.at["shards"])
@@ -148,7 +142,6 @@ class DDPEngine(WithoutBundles):
         self._end()
         self.frozen = 0  # the restored states carry their frozen flags
         self.at, self.exact, self.eval = {"fs": store.fs, "path": ckpt_dir, "shards": shards}, True, None
-        self._built = None
 
     def recover(self, specs: list[BlockSpec], layout: Layout | None) -> str:
         return self.build(specs, None)  # DDP replicates every block: no layout to keep

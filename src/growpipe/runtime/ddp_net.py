@@ -40,9 +40,10 @@ class Chain(nn.Module):
 
 
 def assemble(cfg: RunConfig, info: InputInfo, topology: list[dict[str, Any]], frozen: int,
-             start: dict[str, Any] | None) -> list[Block]:  # fmt: skip
+             start: dict[str, Any] | None, device: torch.device | str = "cpu") -> list[Block]:  # fmt: skip
     """The blocks of `topology` (seeded: equal wherever built), with the states checkpoint `start` ({fs, path,
-    shards}) holds loaded (a block it does not hold stays fresh: a growth), the first `frozen` frozen."""
+    shards}) holds loaded (a block it does not hold stays fresh: a growth), the first `frozen` frozen, on
+    `device`."""
     blocks = [build_block(cfg.rule(), BlockSpec.from_dict(d), info) for d in topology]
     if start:
         held = [b for b in blocks if any(b.index in e["blocks"] for e in start["shards"])]
@@ -52,11 +53,12 @@ def assemble(cfg: RunConfig, info: InputInfo, topology: list[dict[str, Any]], fr
     for b in blocks[:frozen]:
         if not b.frozen:
             b.freeze()
-    return blocks
+    return [b.to(device) for b in blocks]
 
 
-def as_net(cfg: RunConfig, info: InputInfo, blocks: list[Block]) -> GrowableNet:
-    net = GrowableNet(cfg.rule(), info)
+def as_net(cfg: RunConfig, info: InputInfo, blocks: list[Block], device: torch.device | str = "cpu") -> GrowableNet:
+    """The blocks as one net on `device` (the blocks' own: GrowableNet.append moves a block in place)."""
+    net = GrowableNet(cfg.rule(), info, device)
     for b in blocks:
         net.append(b)
     return net

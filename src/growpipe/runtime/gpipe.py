@@ -181,6 +181,7 @@ class BPPipelineEngine(StageEngine):
         else:
             refs = [self.slots[-2].handle.set_last.remote(False)]
         self._get_all(refs, "rewiring the stages")
+        self._start_preserved()
         self.keep_standby()
 
     def cache_prefix(self) -> dict[str, Any] | None:

@@ -158,6 +158,7 @@ class PipelineEngine(StageEngine):
             self._wire_transport()
         else:
             self._get(slot.handle.attach_packed.remote(slot.index), "packing the block")
+        self._start_preserved()
         self.keep_standby()
 
     def discard_block(self, block: Prepared) -> None:

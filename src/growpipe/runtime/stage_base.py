@@ -23,6 +23,7 @@ from growpipe.nn.block import Block
 from growpipe.nn.inference import EarlyExit, early_exit_through, exit_probs
 from growpipe.nn.methods import build_block
 from growpipe.nn.packet import Packet
+from growpipe.nn.preserve import ExitState, exit_state, start_from_exit
 from growpipe.nn.specs import BlockSpec, InputInfo
 
 EVAL_BATCH = 512
@@ -106,6 +107,14 @@ class StageBase:
     def freeze(self, index: int | None = None) -> None:
         """Stop learning: the block (default: this stage's own) only forwards from now on."""
         self._block(index).freeze()
+
+    def exit_state(self, index: int | None = None) -> ExitState:
+        """CPU copies of a block's exit head (a block grown on top of it starts from them: grow.init preserve)."""
+        return exit_state(self._block(index))
+
+    def start_from_exit(self, index: int, below: ExitState) -> None:
+        """A newly attached block's exit starts as the block below's (growpipe.nn.preserve.start_from_exit)."""
+        start_from_exit(self._block(index), below)
 
     def checksum(self, index: int | None = None) -> str:
         """SHA-256 of a block's weights (to check that a frozen block stayed bit-identical)."""

@@ -19,6 +19,7 @@ from growpipe.loop.policies import want_standby
 from growpipe.nn.backbones import FEATURE_FAMILIES
 from growpipe.nn.inference import Exited, ExitPredictions, early_exit_report, evaluate_exits, exit_costs
 from growpipe.nn.net import GrowableNet
+from growpipe.nn.preserve import starts_preserved
 from growpipe.nn.specs import BlockSpec, InputInfo
 from growpipe.runtime.names import stage_actor_name
 from growpipe.runtime.placement import in_bundle, make_stage_pg, stage_bundle
@@ -186,6 +187,15 @@ class StageEngine:
 
     def discard_block(self, block: Prepared) -> None:
         self._discard(cast(Slot, block.handle))
+
+    def _start_preserved(self) -> None:
+        """After attaching the last slot's block: one planned to start where the net stands (grow.init preserve)
+        takes the exit of the block below as it is now (no stage trains between two run_epoch calls)."""
+        new, below = self.slots[-1], self.slots[-2]
+        if new.spec is None or not starts_preserved(new.spec):
+            return
+        exit_below = self._get(below.handle.exit_state.remote(below.index), "reading the exit below the new block")
+        self._get(new.handle.start_from_exit.remote(new.index, exit_below), "starting the new block's exit")
 
     def _discard(self, slot: Slot) -> None:
         if slot.host is None:  # a packed block's host actor serves other blocks
