@@ -66,8 +66,8 @@ def disturbed(cluster: Any, cfg: RunConfig, lose_after: int, join_after: int, ke
         status = lambda: ray.get(p.controller.status.remote())  # noqa: E731
         wait(lambda: status()["epoch"] > lose_after, f"epoch {lose_after + 1}")
         node = next(n for n in cluster.worker_nodes if n.node_id == status()["nodes"][1])
+        lost = time.monotonic()  # before: remove_node returns once the node's processes exited, the run already waiting
         cluster.remove_node(node)
-        lost = time.monotonic()
         shrunk = wait(lambda: any(x.startswith("topo   shrink") for x in lines), "shrink")
         shrunk_epoch = status()["epoch"]
         wait(lambda: status()["epoch"] > shrunk_epoch + join_after, "shrunk epochs")

@@ -119,10 +119,13 @@ def test_ddp_with_min_workers_trains_on_with_fewer_when_a_workers_node_is_lost(t
     the loop, retries), and the run ends with its epoch trained."""
     gate = tmp_path / "gate"  # every worker waits before batch 1 of epoch 1 until the node is gone
     monkeypatch.setenv("GROWPIPE_HOLD_AT", f"1:1:{gate}")
-    # start_timeout_s: Ray Train first asks for 2 workers again (its view of the cluster lags the node's loss)
+    # start_timeout_s: Ray Train first asks for 2 workers again, each try waiting that long, until its view of the
+    # cluster has the node's loss (its AutoscalingCoordinator looks every 20 s): short tries end that wait sooner.
+    # A group the nodes left can hold is placed at once, and a try that timed out does not count against
+    # FailureConfig's max_failures.
     cfg = tiny_config(name="ddp-elastic", method="bp", threads=1, net={"blocks": 2, "width": 32},
                       train={"epochs": 1}, data={"limit_train": 256, "batch_size": 64},
-                      ddp={"workers": 2, "min_workers": 1, "start_timeout_s": 15},
+                      ddp={"workers": 2, "min_workers": 1, "start_timeout_s": 3},
                       runtime={"engine": "ddp", "max_stage_restarts": 2})  # fmt: skip
     with Pipeline(cfg) as p:
         run = _Run(p)

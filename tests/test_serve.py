@@ -17,7 +17,7 @@ import pytest
 from growpipe.checkpoint import CheckpointStore, save_net
 from growpipe.data.sources import DIGITS_SPLIT, digits_rows
 from growpipe.local import train_local
-from growpipe.serve.deploy import APP, ServeOptions, follow, replica_status
+from growpipe.serve.deploy import APP, ServeOptions, follow, replica_status, serve_config
 from growpipe.serve.predictor import Predictor
 from growpipe.serve.server import start
 from growpipe.serve.source import resolve
@@ -226,14 +226,25 @@ def test_a_registered_mlflow_model_is_served_by_its_version_as_its_checkpoint_is
     assert (answer["prediction"], answer["exit_depth"]) == (expected["prediction"], expected["exit_depth"])
 
 
-def test_replicas_that_cannot_be_placed_are_one_line_naming_what_to_compare(served, tmp_path):
+def test_replicas_that_cannot_be_placed_are_one_line_naming_what_to_compare(served, tmp_path, monkeypatch):
     from dataclasses import replace
 
     from growpipe.errors import PipelineError
+    from growpipe.serve import server
 
+    def no_drain(source, options) -> dict:
+        """The application as deployed but for how long Serve waits for a replica it stops to drain: Serve asks
+        even a replica that never started to shut down gracefully and kills it only after that wait (20 s by
+        default), which the module's serve.shutdown() would sit through for nothing."""
+        config = serve_config(source, options)
+        for deployment in config["applications"][0]["deployments"]:
+            deployment["graceful_shutdown_timeout_s"] = 0.5
+        return config
+
+    monkeypatch.setattr(server, "serve_config", no_drain)
     cfg = tiny_config(method="dascpl", name="unplaced")
     run = train_local(cfg, progress=None)
     ck = save_net(tmp_path / "ck", run.net, cfg, run.result)
-    too_big = replace(served, cpus_per_replica=64.0)  # more than the session's Ray has
-    with pytest.raises(PipelineError, match=r"no replica served .* compare --cpus x --replicas"):
-        start(resolve(None, str(ck), None, str(tmp_path), None), too_big, timeout_s=10)
+    too_big = replace(served, cpus_per_replica=64.0)  # more than the session's Ray has: it never starts
+    with pytest.raises(PipelineError, match=r"no replica served .* within 3 s .* compare --cpus x --replicas"):
+        start(resolve(None, str(ck), None, str(tmp_path), None), too_big, timeout_s=3)
