@@ -194,8 +194,8 @@ class StageEngine:
         new, below = self.slots[-1], self.slots[-2]
         if new.spec is None or not starts_preserved(new.spec):
             return
-        exit_below = self._get(below.handle.exit_state.remote(below.index), "reading the exit below the new block")
-        self._get(new.handle.start_from_exit.remote(new.index, exit_below), "starting the new block's exit")
+        exit_below = below.handle.exit_state.remote(below.index)  # handed stage to stage, not through here
+        self._get(new.handle.start_from_exit.remote(new.index, exit_below), "starting the new block at the exit below")
 
     def _discard(self, slot: Slot) -> None:
         if slot.host is None:  # a packed block's host actor serves other blocks
