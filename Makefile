@@ -18,12 +18,14 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	RAY_AUTH_MODE=$${RAY_AUTH_MODE:-token} $(BIN)/growpipe train --config configs/demo.yaml --json-out runs/demo/result.json --save runs/demo/checkpoint
 
-## test: lint (ruff, then mypy on src/: its settings are in pyproject.toml), then the whole test suite
+## test: lint (ruff, then mypy on src/: its settings are in pyproject.toml), then the whole test suite, its files
+## shared out among TEST_WORKERS pytest processes (pytest-xdist), each with one local Ray of its own for its tests
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy

@@ -11,7 +11,10 @@ the previous one was answered and a pause (--pause) that lets the run settle. Re
     batch as soon as the block is attached, which is when the answer is sent (so: the answer); on an epoch-end
     pause it is estimated as the answer, plus the frozen-prefix cache built before the next epoch (local-learning
     pipeline), plus how much longer the first epoch with the new block took than the epochs no growth touched
-    (for DDP: the new Ray Train worker group starting). Both from the run's progress lines.
+    (for DDP: the new Ray Train worker group starting). Both from the run's progress lines;
+  - the pace of the blocks already training while a request's block is placed and built (`placed_s` of the
+    answer, from its acceptance; when that takes 0.5 s or more): stage 0's batches per second then, over its pace
+    in the 2 s before the call, sampled from the controller's `position()` every 50 ms (p50 and the lowest).
 
     .venv/bin/growpipe bench grow-latency --quick --json-out bench/out/grow_latency-quick.json
     .venv/bin/python bench/grow_latency.py --json-out bench/out/grow_latency.json
@@ -113,13 +116,72 @@ class Background:
             time.sleep(0.05)
 
 
+class Pace:
+    """The run's pace: stage 0's batches sent so far, sampled from the controller's `position()` in a thread of
+    its own every `every` seconds, as (time, cumulative batches) (local-learning pipeline: what the stages
+    downstream train, bounded by the window)."""
+
+    def __init__(self, controller: Any, every: float = 0.05):
+        self.samples: list[tuple[float, float]] = []
+        self._controller, self._every = controller, every
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every):
+            try:
+                s = ray.get(self._controller.position.remote(), timeout=5)
+            except ray.exceptions.RayError:
+                return
+            if s.get("position") and s["position"][1]:
+                done, total = s["position"]
+                count = (s["epoch"] - 1) * total + done
+                last = self.samples[-1][1] if self.samples else 0.0
+                self.samples.append((time.monotonic(), max(float(count), last)))  # status reads two clocks
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.thread.join(timeout=10)
+
+
+def rate(samples: list[tuple[float, float]], t0: float, t1: float) -> float | None:
+    """Batches per second between t0 and t1, from (time, cumulative batches) samples (linearly interpolated);
+    None when the samples do not cover the window."""
+    if t1 <= t0 or not samples or samples[0][0] > t0 or samples[-1][0] < t1:
+        return None
+
+    def at(t: float) -> float:
+        for (ta, ca), (tb, cb) in zip(samples, samples[1:], strict=False):
+            if ta <= t <= tb:
+                return ca if tb == ta else ca + (cb - ca) * (t - ta) / (tb - ta)
+        return samples[-1][1]
+
+    return (at(t1) - at(t0)) / (t1 - t0)
+
+
+MIN_WINDOW_S = 0.5  # ten samples: a shorter placement (a standby that was up) has no pace worth the name
+
+
+def placement_pace(rows: list[dict[str, Any]], samples: list[tuple[float, float]], before_s: float) -> None:
+    """Fill each row's `pace_while_placing`: the run's pace while the request's block was placed and built (from
+    the call to `placed_s` later) over its pace in the `before_s` seconds before the call (None: not measurable,
+    or the placement took under MIN_WINDOW_S)."""
+    for r in rows:
+        t0, placed = r.pop("called_at"), r.get("placed_s")
+        before = rate(samples, t0 - before_s, t0)
+        during = rate(samples, t0, t0 + placed) if placed and placed >= MIN_WINDOW_S else None
+        r["pace_while_placing"] = round(during / before, 3) if during is not None and before else None
+
+
 def ask(name: str, i: int) -> dict[str, Any]:
     """One request for a layer block: its answer's fields and the seconds from the call to the answer."""
     t0 = time.monotonic()
     answer = request_growth(name, {"kind": "layer"}, timeout_s=600)
     seconds = time.monotonic() - t0
     return {"request": i, "answer_s": round(seconds, 3), "epoch": answer["epoch"], "batch": answer["batch"],
-            "block": answer["block"], "standby": answer.get("standby")}  # fmt: skip
+            "block": answer["block"], "standby": answer.get("standby"), "placed_s": answer.get("placed_s"),
+            "called_at": t0}  # fmt: skip
 
 
 def first_steps(rows: list[dict[str, Any]], seconds: dict[int, float], caches: dict[int, float]) -> float | None:
@@ -149,6 +211,8 @@ def measure(engine: str, cfg: RunConfig, requests: int, pause: float) -> dict[st
     with Pipeline(cfg) as p:
         run = Background(p)
         run.wait(lambda: ray.get(p.controller.status.remote(), timeout=30)["epoch"] >= 1, "training")
+        pace, before_s = Pace(p.controller), min(pause, 2.0) or 1.0
+        time.sleep(before_s + 0.2)  # a pace to compare the first request's with
         for i in range(1, requests + 1):
             rows.append(ask(cfg.name, i))
             r = rows[-1]
@@ -160,11 +224,13 @@ def measure(engine: str, cfg: RunConfig, requests: int, pause: float) -> dict[st
         if any(r["batch"] is None for r in rows):
             last = max(r["epoch"] for r in rows) + 1 + TAIL_EPOCHS
             run.wait(lambda: last in run.seconds(EPOCH_LINE), f"epoch {last}")
+        pace.stop()
         p.stop("bench grow_latency: requests done")
         run.thread.join(timeout=120)
     if run.thread.is_alive() or not (isinstance(run.error, PipelineError) and "stopped" in str(run.error)):
         raise RuntimeError(f"bench grow_latency: the {engine} run did not end as stopped ({run.error})")
     seconds = run.seconds(EPOCH_LINE)
+    placement_pace(rows, pace.samples, before_s)
     base = first_steps(rows, seconds, run.seconds(CACHE_LINE))
     return summary(engine, cfg, rows, base, {"seconds": round(time.monotonic() - start, 1), "load_1min":
                    [round(load, 2), round(os.getloadavg()[0], 2)], "epoch_seconds": seconds})  # fmt: skip
@@ -176,13 +242,16 @@ def summary(engine: str, cfg: RunConfig, rows: list[dict[str, Any]], epoch_s: fl
     firsts = [r["first_step_s"] for r in rows if r["first_step_s"] is not None]
     places = {"mid-epoch" if r["batch"] is not None else "epoch end" for r in rows}
     standby = [r["standby"] for r in rows if r["standby"] is not None]
+    paces = [r["pace_while_placing"] for r in rows if r.get("pace_while_placing") is not None]
     return {
         "engine": engine, "method": cfg.method, "requests": len(rows),
         "answer_p50_s": nearest_rank(answers, 0.5), "answer_p95_s": nearest_rank(answers, 0.95),
         "first_step_p50_s": nearest_rank(firsts, 0.5) if firsts else None,
         "first_step_p95_s": nearest_rank(firsts, 0.95) if firsts else None,
         "pauses_at": " and ".join(sorted(places)), "standby": f"{sum(standby)}/{len(standby)}" if standby else "n/a",
-        "epoch_s": round(epoch_s, 2) if epoch_s is not None else None, "rows": rows, **extra,
+        "epoch_s": round(epoch_s, 2) if epoch_s is not None else None,
+        "pace_while_placing_p50": nearest_rank(paces, 0.5) if paces else None,
+        "pace_while_placing_min": min(paces) if paces else None, "rows": rows, **extra,
     }  # fmt: skip
 
 
@@ -191,11 +260,13 @@ def table(results: list[dict[str, Any]]) -> str:
         return "n/a" if v is None else f"{v:.2f}"
 
     lines = ["| engine | requests | call -> answer p50 / p95 (s) | pauses at | call -> new block's first step "
-             "p50 / p95 (s) | standby | epoch (s) |", "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+             "p50 / p95 (s) | standby | epoch (s) | pace while placing p50 / min |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for r in results:
         lines.append(f"| {r['engine']} ({r['method']}) | {r['requests']} | {s(r['answer_p50_s'])} / "
                      f"{s(r['answer_p95_s'])} | {r['pauses_at']} | {s(r['first_step_p50_s'])} / "
-                     f"{s(r['first_step_p95_s'])} | {r['standby']} | {s(r['epoch_s'])} |")  # fmt: skip
+                     f"{s(r['first_step_p95_s'])} | {r['standby']} | {s(r['epoch_s'])} | "
+                     f"{s(r['pace_while_placing_p50'])} / {s(r['pace_while_placing_min'])} |")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -29,6 +29,7 @@ per suite (accuracy vs seconds and vs MACs, mean of the seeds).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -85,6 +86,26 @@ def arm_overrides(suite: Suite, arm: str, epochs: int, init: str) -> list[str]:
             f"grow.schedule=[{steps}]", f"grow.max_blocks={k}", f"grow.init={init}",
             f"grow.freeze={str(arm == 'grown-frozen').lower()}",
             "grow.eval_at_growth=true"]  # fmt: skip
+
+
+def decay_overrides(suite: Suite, arm: str, epochs: int, decay: str, steps_per_epoch: int) -> list[str]:
+    """train.lr_schedule for one arm: each block's rate falls to a tenth over the epochs it trains in its arm's
+    plan (scratch: all E; a grown block: its phase of E/K; grown-all's blocks then go on at the tenth)."""
+    if decay == "none":
+        return []
+    phase = epochs if arm == "scratch" else epochs // len(suite.widths)
+    return [
+        f"train.lr_schedule.decay={decay}",
+        f"train.lr_schedule.decay_steps={phase * steps_per_epoch}",
+        "train.lr_schedule.min_factor=0.1",
+    ]
+
+
+def steps_per_epoch(cfg: RunConfig) -> int:
+    """Training steps of one epoch of `cfg`'s data (its training rows after data.limit_train and val_fraction)."""
+    from growpipe.data import load_data
+
+    return math.ceil(len(load_data(cfg.data, cfg.seed).train) / cfg.data.batch_size)
 
 
 def run_config(suite_name: str, suite: Suite, method: str, arm: str, seed: int, epochs: int, init: str,
@@ -277,6 +298,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reference", action="store_true", help="also train seed 0 of each grown arm single-process")
     ap.add_argument("--runtime", choices=("ray", "local"), default="ray",
                     help="ray: the Ray pipeline; local: every run single-process (a check of the bench)")  # fmt: skip
+    ap.add_argument(
+        "--decay",
+        choices=("none", "cosine", "linear"),
+        default="none",
+        help="train.lr_schedule per arm: each block's rate decays to a tenth over its own training epochs",
+    )
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an override for every run")
     ap.add_argument("--quick", action="store_true", help="256 training rows, 2 blocks, 2 epochs: a smoke test")
     ap.add_argument("--plots", default="bench/plots", metavar="DIR", help="where the PNGs go")
@@ -297,13 +324,21 @@ def main(argv: list[str] | None = None) -> int:
         if epochs % len(s.widths):
             raise SystemExit(f"--epochs {epochs}: {suite} grows to {len(s.widths)} blocks; give a multiple of it")
         for method in methods:
+            spe = (
+                0
+                if args.decay == "none"
+                else steps_per_epoch(
+                    run_config(suite, s, method, "scratch", 0, epochs, args.init, args.set, args.quick)
+                )
+            )
+            sets = {arm: [*args.set, *decay_overrides(s, arm, epochs, args.decay, spe)] for arm in ARMS}
             for seed in range(args.seeds):
                 for arm in ("scratch", *arms):
                     print(f"== {suite} {method} seed {seed}: {arm}", flush=True)
-                    runs.append(measure(suite, s, method, arm, seed, epochs, args.init, args.set, args.quick,
+                    runs.append(measure(suite, s, method, arm, seed, epochs, args.init, sets[arm], args.quick,
                                         args.runtime))  # fmt: skip
             for arm in arms if args.reference and args.runtime == "ray" else []:
-                runs.append(measure(suite, s, method, arm, 0, epochs, args.init, args.set, args.quick, "local"))
+                runs.append(measure(suite, s, method, arm, 0, epochs, args.init, sets[arm], args.quick, "local"))
     rows = summarize(runs, args.runtime)
     print(markdown(rows))
     tag = "-quick" if args.quick else ""
@@ -313,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {"rows": rows, "runs": runs, "plots": plots, "seconds": round(time.perf_counter() - start, 1),
            "settings": {"suites": suites, "methods": methods, "arms": arms, "seeds": args.seeds, "init": args.init,
                         "target_gap": TARGET_GAP, "quick": args.quick, "runtime": args.runtime,
-                        "sets": args.set}}  # fmt: skip
+                        "sets": args.set, "decay": args.decay}}  # fmt: skip
     return end_bench(out, args.json_out)
 
 

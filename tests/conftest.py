@@ -151,7 +151,8 @@ def _session_ray() -> None:
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """One local Ray for the whole test run (4 logical CPUs: room for a few 1-CPU stages)."""
+    """One local Ray per pytest process (4 logical CPUs: room for a few 1-CPU stages); `make test` runs two
+    processes (pytest-xdist, whole files each: a module's fixtures stay in one process)."""
     import ray
 
     if not ray.is_initialized():

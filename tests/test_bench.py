@@ -98,16 +98,29 @@ def test_grow_latency_benchmark_times_requests_to_a_running_pipeline(tmp_path: P
     """The local-learning pipeline only: GPipe, 1F1B and DDP go through the same measurement, and DDP's worker
     groups starting again at every growth would add half a minute."""
     out = tmp_path / "grow.json"
-    _run_bench("grow_latency", ["--engines", "pipeline", "--requests", "2", "--pause", "0", "--json-out", str(out)])
+    _run_bench("grow_latency", ["--engines", "pipeline", "--requests", "2", "--pause", "1", "--json-out", str(out)])
     r = json.loads(out.read_text())
     (engine,) = r["engines"]
     for key in ("answer_p50_s", "answer_p95_s", "first_step_p50_s", "first_step_p95_s", "pauses_at", "standby",
-                "epoch_s", "rows", "epoch_seconds", "load_1min"):  # fmt: skip
+                "epoch_s", "rows", "epoch_seconds", "load_1min", "pace_while_placing_p50"):  # fmt: skip
         assert key in engine
     assert engine["engine"] == "pipeline" and [row["block"] for row in engine["rows"]] == [2, 3]
     assert 0 < engine["answer_p50_s"] <= engine["answer_p95_s"] and engine["first_step_p50_s"] > 0
-    assert all(isinstance(row["standby"], bool) for row in engine["rows"])
+    assert all(isinstance(row["standby"], bool) and row["placed_s"] > 0 for row in engine["rows"])
+    placing = [row["pace_while_placing"] for row in engine["rows"] if row["placed_s"] >= 0.5]
+    assert all(pace > 0 for pace in placing)  # the pace sampled while training
     assert r["settings"]["requests"] == 2 and r["settings"]["quantiles"] == "nearest rank"
+
+
+def test_grow_latency_pace_while_placing_compares_the_window_of_the_placement_with_the_one_before():
+    gl = _bench_module("grow_latency")
+    samples = [(0.0, 0.0), (1.0, 100.0), (2.0, 200.0), (3.0, 250.0), (4.0, 300.0)]  # 100/s, then 50/s
+    assert gl.rate(samples, 0.5, 1.5) == pytest.approx(100.0) and gl.rate(samples, 2.0, 4.0) == pytest.approx(50.0)
+    assert gl.rate(samples, -1.0, 1.0) is None and gl.rate(samples, 3.0, 5.0) is None
+    rows = [{"called_at": 2.0, "placed_s": 2.0}, {"called_at": 4.0, "placed_s": 1.0}, {"called_at": 2.0},
+            {"called_at": 2.0, "placed_s": 0.1}]  # fmt: skip
+    gl.placement_pace(rows, samples, 2.0)
+    assert [r["pace_while_placing"] for r in rows] == [0.5, None, None, None] and "called_at" not in rows[0]
 
 
 @pytest.mark.parametrize(
@@ -320,11 +333,13 @@ def test_text_bar_refuses_a_set_without_parquet_files_before_training(tmp_path: 
 
 def test_grow_vs_scratch_quick_compares_each_grown_arm_with_scratch(tmp_path: Path):
     """Single-process (--runtime local: its Ray runs are the same train() call on the pipeline): a row per grown
-    arm, a point per epoch, a PNG."""
+    arm, a point per epoch, a PNG; each arm's blocks decay their rates over their own epochs."""
     out = tmp_path / "gvs.json"
     _run_bench("grow_vs_scratch", ["--quick", "--runtime", "local", "--suites", "digits", "--methods", "dascpl",
-                                   "--seeds", "1", "--plots", str(tmp_path), "--json-out", str(out)])  # fmt: skip
+                                   "--seeds", "1", "--decay", "cosine", "--plots", str(tmp_path), "--json-out",
+                                   str(out)])  # fmt: skip
     r = json.loads(out.read_text())
+    assert r["settings"]["decay"] == "cosine"
     assert sorted(row["arm"] for row in r["rows"]) == ["grown-all", "grown-frozen"]
     assert all(row["init"] == "preserve" and row["largest_drop_at_growth"] == 0 for row in r["rows"]), r["rows"]
     assert all(len(run["points"]) == 2 and run["points"][-1][1] > run["points"][0][1] > 0 for run in r["runs"])
@@ -342,3 +357,11 @@ def test_grow_vs_scratch_counts_a_cached_prefix_once():
     assert gvs.training_macs(history, [], [5, 7]) == [150, 150 + 210 + 50, 150 + 2 * 260]
     assert gvs.training_macs(history, [{"block": 1, "epoch": 1}], [5, 7]) == [200, 410, 620]
     assert gvs.first_reach([(1.0, 10.0, 0.5), (2.0, 20.0, 0.9)], 0.8) == (2.0, 20.0)
+
+
+def test_grow_vs_scratch_decays_each_arm_over_the_epochs_its_blocks_train():
+    gvs = _bench_module("grow_vs_scratch")
+    suite = gvs.SUITES["digits"]  # K = 4
+    assert gvs.decay_overrides(suite, "scratch", 12, "none", 10) == []
+    assert "train.lr_schedule.decay_steps=120" in gvs.decay_overrides(suite, "scratch", 12, "cosine", 10)
+    assert "train.lr_schedule.decay_steps=30" in gvs.decay_overrides(suite, "grown-all", 12, "cosine", 10)

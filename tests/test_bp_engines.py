@@ -16,11 +16,18 @@ from tests.test_runtime import _assert_same_weights
 
 
 def _base(name: str, schedule: str) -> dict:
-    return {"name": name, "method": "bp", "threads": 1, "net": {"blocks": 2, "width": 32}, "train": {"epochs": 1},
-            "data": {"limit_train": 256, "batch_size": 64},
-            "runtime": {"engine": schedule, "timeline_epoch": 0},
-            **({"ddp": {"workers": 2}} if schedule == "ddp" else {"bp_pipeline": {"micro_batches": 2}}),
-            "grow": {"schedule": [{"kind": "layer", "epochs": 1}]}}  # fmt: skip
+    return {
+        "name": name,
+        "method": "bp",
+        "threads": 1,
+        "net": {"blocks": 2, "width": 32},
+        "data": {"limit_train": 256, "batch_size": 64},
+        "runtime": {"engine": schedule, "timeline_epoch": 0},
+        **({"ddp": {"workers": 2}} if schedule == "ddp" else {"bp_pipeline": {"micro_batches": 2}}),
+        "grow": {"schedule": [{"kind": "layer", "epochs": 1}]},
+        # each block warms up and decays on its own steps: restored with them after a loss and a resume
+        "train": {"epochs": 1, "lr_schedule": {"warmup_steps": 2, "decay": "linear", "decay_steps": 4}},
+    }
 
 
 @pytest.mark.usefixtures("ray_session")

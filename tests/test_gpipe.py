@@ -27,13 +27,15 @@ def test_gpipe_grows_checkpoints_and_resumes_like_single_process_bp(tmp_path):
     """Method bp on the stage actors goes through the same run loop: a planned growth (the earlier stages
     frozen), restore points, MLflow, and a resume from the one written at the growth end, each with the
     reference's losses and weights. 64 samples go into micro-batches of 22, 21 and 21: unequal shares. Each
-    stage clips its block's gradients (train.grad_clip; some steps' norms pass 0.2) as the reference does."""
+    stage clips its block's gradients (train.grad_clip; some steps' norms pass 0.2) and warms its rate up on its
+    block's own steps (train.lr_schedule) as the reference does."""
     from mlflow.tracking import MlflowClient
 
     from growpipe.checkpoint import CheckpointStore
 
     base = {"name": "gpipe-grow", "method": "bp", "threads": 1, "net": {"blocks": 2, "width": 32},
-            "train": {"epochs": 1, "grad_clip": 0.2}, "data": {"limit_train": 256, "batch_size": 64},
+            "train": {"epochs": 1, "grad_clip": 0.2, "lr_schedule": {"warmup_steps": 3}},
+            "data": {"limit_train": 256, "batch_size": 64},
             "bp_pipeline": {"micro_batches": 3},
             "grow": {"schedule": [{"kind": "layer", "epochs": 1}]}}  # fmt: skip
     reference = train_local(tiny_config(**base), progress=None)

@@ -24,6 +24,7 @@ from growpipe.loop.policies import (
     Retry,
     better_epoch,
     decide_failure,
+    grow_at_boundary,
     pack_host,
     want_standby,
 )
@@ -470,6 +471,10 @@ def test_policies_decide_without_a_run():
     assert CheckpointTiming(True, 1, 4).next_stop(5) == 8 and CheckpointTiming(False, 1, 4).next_stop(0) is None
     assert grow_refusal("r", 2, 0, 3) is None and "counting 1 request" in grow_refusal("r", 2, 1, 3)
     assert pack_host("pack", 1) == 1 and pack_host("fail", 1) is None
+    # a boundary grows for a plan or a placed block; a waiting request only where blocks cannot be placed in training
+    assert grow_at_boundary(True, False, False, True, False) and grow_at_boundary(False, True, False, True, True)
+    assert grow_at_boundary(False, False, True, False, False) and not grow_at_boundary(False, False, True, False, True)
+    assert not grow_at_boundary(False, False, True, True, False)  # placed during the next epoch: nothing stops
 
 
 def test_a_standby_actor_is_started_while_the_run_can_grow_and_the_room_is_there_now():

@@ -51,10 +51,12 @@ def test_pipeline_matches_reference_trainer(method, window, read, precision, gra
     between two stages; gradient clipping (AL's two parts apart; bf16's fp32 gradients), at norms these
     blocks' gradients pass in about half (AL) and most (SCPL) of the steps. The evaluation streams through
     the stages (no actor builds a block it was not given) and reports what the reference trainer's does,
-    early exit included."""
+    early exit included. DASCPL's blocks warm up and decay their rates (train.lr_schedule) on their own steps."""
     monkeypatch.setenv("GROWPIPE_OWN_BLOCKS_ONLY", "1")
     disk = {"name": digits_on_disk, "image_shape": [1, 8, 8], "stream": True}
     train = {"precision": precision, "grad_clip": grad_clip}
+    if method == "dascpl":
+        train["lr_schedule"] = {"warmup_steps": 4, "decay": "cosine", "decay_steps": 12, "min_factor": 0.1}
     # early exit at a threshold of the table (nets this small seldom earn the automatic choice)
     cfg = _small(
         method, window, train=train, eval={"exit_threshold": 0.7}, **({"data": disk} if read == "disk" else {})

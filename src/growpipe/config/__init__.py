@@ -43,7 +43,7 @@ from growpipe.config.loading import (
     set_dotted,
 )
 from growpipe.config.names import RUN_NAME, check_run_name, run_name_problem
-from growpipe.config.net import ALSpec, NetSpec, OptimSpec, RuleSettings, SCPLSpec
+from growpipe.config.net import ALSpec, LRScheduleSpec, NetSpec, OptimSpec, RuleSettings, SCPLSpec
 from growpipe.config.problems import KeyPlaces, format_errors, problem_lines
 from growpipe.config.records import CheckpointSpec, EvalSpec, TrackingSpec
 from growpipe.config.run import RunConfig
@@ -68,6 +68,7 @@ __all__ = [
     "KeyPlaces",
     "NetSpec",
     "NormalizeSpec",
+    "LRScheduleSpec",
     "OptimSpec",
     "PipelineSpec",
     "PlateauSpec",

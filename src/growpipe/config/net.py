@@ -110,6 +110,30 @@ class NetSpec(Strict):
         return self.layers[i] if self.layers and i < len(self.layers) else self.layers_per_block
 
 
+class LRScheduleSpec(Strict):
+    """Each block's learning rate over its own training steps (one per mini-batch it trains on, counted from
+    the moment the block is built: a block appended by a growth warms up and decays on its own clock)."""
+
+    warmup_steps: int = Field(0, ge=0)
+    """Steps over which the rate rises linearly from lr / warmup_steps to lr (0: no warm-up)."""
+    decay: Literal["none", "cosine", "linear"] = "none"
+    """After the warm-up, the rate falls from lr to lr * min_factor over decay_steps steps, then stays there."""
+    decay_steps: int | None = Field(None, ge=1)
+    """Steps the decay takes (needed with a decay); an epoch is ceil(training rows / data.batch_size) steps."""
+    min_factor: float = Field(0.0, ge=0.0, le=1.0)
+    """The rate at the end of the decay, as a fraction of lr."""
+
+    @model_validator(mode="after")
+    def _decay_needs_steps(self) -> LRScheduleSpec:
+        if self.decay != "none" and self.decay_steps is None:
+            raise ValueError(f"decay {self.decay} needs decay_steps: the steps it takes, e.g. 1000")
+        return self
+
+    def is_flat(self) -> bool:
+        """True when the rate stays lr throughout (no warm-up, no decay)."""
+        return self.warmup_steps == 0 and self.decay == "none"
+
+
 class OptimSpec(Strict):
     """Optimizer settings shared by every block."""
 
@@ -119,6 +143,8 @@ class OptimSpec(Strict):
     """The optimizer of every block (one per independent part of a block)."""
     lr: float = Field(1e-3, gt=0)
     """Learning rate."""
+    lr_schedule: LRScheduleSpec = LRScheduleSpec()
+    """Each block's rate over its own steps: warm-up and decay (off by default: lr throughout)."""
     momentum: float = Field(0.9, ge=0, lt=1)
     """SGD momentum (sgd only)."""
     weight_decay: float = Field(0.0, ge=0)

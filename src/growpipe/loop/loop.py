@@ -25,7 +25,7 @@ from growpipe.loop.ending import Ending
 from growpipe.loop.engine import Engine
 from growpipe.loop.growing import Growth
 from growpipe.loop.orders import GrowRequests
-from growpipe.loop.policies import learned_nothing
+from growpipe.loop.policies import grow_at_boundary, learned_nothing
 from growpipe.loop.progress import PositionFeed
 from growpipe.loop.record import RunRecord
 from growpipe.loop.recovery import Recovery
@@ -213,7 +213,8 @@ class RunLoop:
         due = self.plan.due(epoch, self.rec.history, len(self.specs))
         self.requests.collect(wait=False)
         order = self.requests.take_prepared()  # placed during an epoch that could not pause
-        if due or order is not None or (not self.requests.orders.empty() and epoch < self.plan.total_epochs):
+        waiting, last = not self.requests.orders.empty(), epoch >= self.plan.total_epochs
+        if grow_at_boundary(bool(due), order is not None, waiting, self.engine.places_while_training, last):
             return Growing(epoch, None, steps=tuple(due), source=self.plan.policy, order=order)
         spread = self.topology.expand_due() if self.store and epoch < self.plan.total_epochs else None
         if spread is not None:  # a shrunk run whose lost homes are back: its blocks go home, state carried over

@@ -6,6 +6,7 @@ import contextlib
 import math
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
@@ -50,6 +51,8 @@ class GrowOrder:
         self.answer: dict[str, Any] | None = None
         self.error: str | None = None
         self.done = threading.Event()
+        self.accepted = time.monotonic()
+        self.placed_s: float | None = None  # from acceptance until the block was placed and built
 
     def succeed(self, answer: dict[str, Any]) -> None:
         self.answer = answer
@@ -215,6 +218,7 @@ class GrowRequests:
         try:
             check_input_size(order.ask, run.info, run.specs[-1])
             order.prepared = self.engine.prepare_block(run.next_spec(order.ask.as_step(), request=True))
+            order.placed_s = round(time.monotonic() - order.accepted, 3)
         except (GrowpipeError, ValueError) as e:
             self.answer(order, error=describe(e))
             self.say(f"grow   request refused: {order.error}")
@@ -233,7 +237,7 @@ class GrowRequests:
             self.say(f"grow   request refused: {why}")
             return False
         event = attach(order.prepared, order.ask.as_step())
-        self.answer(order, answer={**event, **order.prepared.extra})
+        self.answer(order, answer={**event, **order.prepared.extra, "placed_s": order.placed_s})
         return True
 
     def answer(self, order: GrowOrder, answer: dict[str, Any] | None = None, error: str | None = None) -> None:

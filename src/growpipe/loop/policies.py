@@ -6,7 +6,8 @@
 - checkpoints: which epoch ends and batches get a restore point;
 - the grow limit (requests and planned steps alike): growpipe.growth.grow_refusal;
 - no capacity for a new block: pack it into an existing worker, or fail;
-- a standby actor for the next block: start one now, or not.
+- a standby actor for the next block: start one now, or not;
+- an epoch boundary: grow there, or train on while a waiting request's block is placed.
 
 When the net grows by plan is growpipe.growth.GrowthPlan's decision.
 """
@@ -111,3 +112,11 @@ def better_epoch(best_val: float | None, row: dict[str, Any]) -> bool:
     text recipe on three text sets")."""
     val = row.get("val_accuracy")
     return val is not None and (best_val is None or val >= best_val)
+
+
+def grow_at_boundary(planned: bool, placed: bool, waiting: bool, places_while_training: bool, last: bool) -> bool:
+    """Whether an epoch boundary grows the net now: planned steps are due, a request's block placed during the
+    epoch waits to be attached, or a request waits (not after the last epoch) on an engine that places blocks
+    only between batches. An engine that places while training has the waiting request's block placed during
+    the next epoch instead, so the blocks already training never stop for a placement."""
+    return planned or placed or (waiting and not last and not places_while_training)

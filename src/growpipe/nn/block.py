@@ -27,6 +27,7 @@ from growpipe.device import COMPUTE_DTYPES, compute_context
 from growpipe.errors import NonFiniteError
 from growpipe.nn.backbones import build_encoder, dummy_input, dummy_side, encoder_of, output_shape
 from growpipe.nn.guard import guarded_update
+from growpipe.nn.lr_schedule import BASE_LR, set_scheduled_lr
 from growpipe.nn.macs import count_macs
 from growpipe.nn.packet import Packet
 from growpipe.nn.specs import BlockSpec, InputInfo
@@ -77,6 +78,7 @@ class Block:
         self.seed = rule.seed
         self.on_nonfinite = rule.optim.on_nonfinite
         self.grad_clip = rule.optim.grad_clip
+        self.lr_schedule = rule.optim.lr_schedule
         self.precision = rule.optim.precision
         self.steps = 0
         self.index = spec.index
@@ -146,7 +148,12 @@ class Block:
         """Backward the sum of `losses` and step every optimizer of the block (its gradients clipped at
         train.grad_clip), through the divergence guard: the losses as floats, or {"skipped": 1.0}
         (train.on_nonfinite: skip_batch); NonFiniteError (stop)."""
+        self.set_scheduled_lr()
         return guarded_update(losses, list(self.optimizers.values()), self.on_nonfinite, grad_clip=self.grad_clip)
+
+    def set_scheduled_lr(self) -> None:
+        """Every optimizer of the block at train.lr_schedule's rate for the step it is about to take."""
+        set_scheduled_lr(self.optimizers.values(), self.steps, self.lr_schedule)
 
     @torch.no_grad()
     def forward(self, p: Packet) -> Packet:
@@ -232,10 +239,10 @@ class Block:
         for k, s in state.get("optimizers", {}).items():
             if k in self.optimizers:
                 opt = self.optimizers[k]
-                lrs = [g["lr"] for g in opt.param_groups]  # the rule's rates win over the saved ones
+                lrs = [g.get(BASE_LR, g["lr"]) for g in opt.param_groups]  # the rule's rates win over the saved
                 opt.load_state_dict(s)
                 for g, lr in zip(opt.param_groups, lrs, strict=True):
-                    g["lr"] = lr
+                    g["lr"] = g[BASE_LR] = lr
 
     def parameters(self):
         return self.modules.parameters()

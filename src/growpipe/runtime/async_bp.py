@@ -162,6 +162,7 @@ class AsyncBPStage(BPStage):
         self.stale_sum += math.sqrt(dist)
         self.stale_n += 1
         clip_gradients([opt], block.grad_clip)
+        block.set_scheduled_lr()
         opt.step()
         opt.zero_grad(set_to_none=True)
         block.steps += 1

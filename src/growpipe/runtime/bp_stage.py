@@ -160,6 +160,7 @@ class BPStage(StageBase):
             self.batch_loss = 0.0
         if verdict is None:
             clip_gradients([opt], block.grad_clip)  # the mini-batch's gradients, summed over its micro-batches
+            block.set_scheduled_lr()
             opt.step()
         else:
             key = f"b{block.index}"

@@ -94,6 +94,13 @@ class Controller:
         """A small snapshot: state, finished epochs, blocks, and whether the run has ended (`ended`)."""
         return {**self.loop.status(), "ended": self.loop.state.terminal}
 
+    def position(self) -> dict[str, Any]:
+        """The epoch running (or the last finished) and the engine's (batches done, batches in the epoch) of it
+        (None between epochs): a bench's pace, apart from status(), which never waits on a stage."""
+        status = self.loop.status()
+        training = status["state"] == "training"
+        return {"epoch": status["epoch"], "position": self.loop.engine.position() if training else None}
+
     def stop(self, reason: str | None = None) -> None:
         """End the run midway: recorded as stopped (`reason`; KILLED in MLflow), grow requests refused, the
         engine stopped (its workers and placement groups released), so that run() returns at once; a paced

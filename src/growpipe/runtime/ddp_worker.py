@@ -73,6 +73,8 @@ class Replica:
             p = batch.parts[0]  # this worker's shard of the global mini-batch
             with last.computing():
                 loss = F.cross_entropy(self.model(p.x.to(self.device), None, {}), p.labels().to(self.device))
+            for b in trainable:
+                b.set_scheduled_lr()
             try:  # the backward inside: DDP averages the gradients of all workers there
                 metrics = guarded_update({"ce": loss}, optimizers, last.on_nonfinite, replicated=True,
                                          grad_clip=last.grad_clip)  # fmt: skip

@@ -51,6 +51,8 @@ def train_chain(blocks: list[BPBlock], p: Packet) -> tuple[Packet, dict[str, flo
         )
     trainable = [b for b in blocks if not b.frozen]
     with seeded(block_seed(last.seed, last.index, last.steps)):
+        for b in trainable:
+            b.set_scheduled_lr()
         for b in blocks:
             p = b.forward(p) if b.frozen else b.forward_with_grad(p)
         with last.computing():
