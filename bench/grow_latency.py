@@ -132,9 +132,12 @@ class Pace:
         while not self._stop.wait(self._every):
             try:
                 s = ray.get(self._controller.position.remote(), timeout=5)
-            except ray.exceptions.RayError:
+            except ray.exceptions.GetTimeoutError:
+                continue
+            except ray.exceptions.RayError:  # the run is gone
                 return
-            if s.get("position") and s["position"][1]:
+            # an epoch's last position is also what stage 0 says at the next one's start: skipped, not guessed
+            if s.get("position") and 0 < s["position"][0] < s["position"][1]:
                 done, total = s["position"]
                 count = (s["epoch"] - 1) * total + done
                 last = self.samples[-1][1] if self.samples else 0.0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import gzip
+import os
 import struct
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from growpipe.config import RunConfig, build_config
 
@@ -97,6 +99,18 @@ def digits_on_disk(tmp_path_factory) -> str:
     return f"parquet:{root}"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Before `make test`'s worker processes start (pytest-xdist): a Ray auth token in ~/.ray/auth_token when
+    there is none, so that the first local Rays of two workers do not each write one of their own there, the
+    later one locking commands out of the earlier one's cluster."""
+    if hasattr(config, "workerinput") or os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        return
+    if not (Path.home() / ".ray" / "auth_token").exists():
+        from ray._private.authentication.authentication_token_setup import generate_and_save_token
+
+        generate_and_save_token()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _runs_outside_the_checkout(tmp_path_factory):
     """A run's relative paths (runs/checkpoints, runs/mlflow.db) in every test go to a temporary folder, not
@@ -124,6 +138,20 @@ def mlflow_db(tmp_path: Path, _mlflow_template: Path) -> str:
 
     shutil.copyfile(_mlflow_template, tmp_path / "mlflow.db")
     return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+def assert_same_weights(net_a, net_b, atol: float = 0.0) -> None:
+    """Every block of two nets: the same step count, weights and optimizer state (within `atol`)."""
+    for a, b in zip(net_a.state_dict()["blocks"], net_b.state_dict()["blocks"], strict=True):
+        assert a["steps"] == b["steps"]
+        for k, v in a["modules"].items():
+            w = b["modules"][k]
+            assert torch.allclose(v, w, atol=atol, rtol=0), f"{k} differs by {(v - w).abs().max():.3g}"
+        for name, opt in a["optimizers"].items():
+            for pid, st in opt["state"].items():
+                for key, val in st.items():
+                    if torch.is_tensor(val):
+                        assert torch.allclose(val, b["optimizers"][name]["state"][pid][key], atol=atol, rtol=0)
 
 
 def run_actors(run: str) -> list[str]:

@@ -11,8 +11,7 @@ import pytest
 
 from growpipe.api import train
 from growpipe.checkpoint import CheckpointStore
-from tests.conftest import tiny_config
-from tests.test_runtime import _assert_same_weights
+from tests.conftest import assert_same_weights, tiny_config
 
 
 def _base(name: str, schedule: str) -> dict:
@@ -56,4 +55,4 @@ def test_bp_engine_grows_recovers_and_resumes_to_the_same_weights(tmp_path: Path
     assert any(line.startswith(f"resume {at_growth.path}: epoch 1, batch 0, 3 blocks") for line in lines), lines
     assert [h["epoch"] for h in resumed.result["history"]] == [1, 2]
     assert resumed.result["history"][1]["loss"] == pytest.approx(r["history"][1]["loss"], abs=1e-6)
-    _assert_same_weights(grown.net, resumed.net, atol=1e-6)
+    assert_same_weights(grown.net, resumed.net, atol=1e-6)

@@ -9,8 +9,7 @@ from growpipe.data.batches import micro_slices
 from growpipe.errors import ConfigError
 from growpipe.local import train_local
 from growpipe.runtime.gpipe import check_bp
-from tests.conftest import tiny_config
-from tests.test_runtime import _assert_same_weights
+from tests.conftest import assert_same_weights, tiny_config
 
 
 def test_micro_batches_cover_the_batch_and_bad_configs_are_refused():
@@ -58,7 +57,7 @@ def test_gpipe_grows_checkpoints_and_resumes_like_single_process_bp(tmp_path):
     for ours, theirs in zip(grown.result["history"], reference.history, strict=True):
         assert ours["loss"] == pytest.approx(theirs["loss"], abs=1e-5)
     assert grown.result["test_accuracy"] == pytest.approx(reference.summary()["test_accuracy"], abs=1e-9)
-    _assert_same_weights(reference.net, grown.net, atol=2e-5)
+    assert_same_weights(reference.net, grown.net, atol=2e-5)
     at_growth = next(c for c in CheckpointStore(str(tmp_path), "gpipe-grow").complete() if c.seq == 2)
     assert (at_growth.epoch, at_growth.batch) == (1, 0)
     lines.clear()
@@ -66,4 +65,4 @@ def test_gpipe_grows_checkpoints_and_resumes_like_single_process_bp(tmp_path):
     resumed = train(untracked, progress=lines.append, keep_net=True, resume=at_growth.path)
     assert any(line.startswith(f"resume {at_growth.path}: epoch 1, batch 0, 3 blocks") for line in lines)
     assert [h["epoch"] for h in resumed.result["history"]] == [1, 2] and len(resumed.result["growth"]) == 1
-    _assert_same_weights(reference.net, resumed.net, atol=2e-5)
+    assert_same_weights(reference.net, resumed.net, atol=2e-5)

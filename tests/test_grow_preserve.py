@@ -22,8 +22,7 @@ from growpipe.nn.methods import build_block
 from growpipe.nn.net import GrowableNet, plan_blocks
 from growpipe.nn.specs import InputInfo
 from growpipe.runtime.pipeline import Pipeline
-from tests.conftest import tiny_config
-from tests.test_runtime import _assert_same_weights
+from tests.conftest import assert_same_weights, tiny_config
 
 HOLD = 5  # the batch a held epoch waits before
 TWO_STEPS = [{"kind": "layer", "epochs": 1}, {"kind": "layer", "epochs": 1}]
@@ -113,11 +112,12 @@ def test_plans_that_cannot_preserve_are_refused_in_one_line_naming_the_fix(capsy
 
 def test_the_accuracy_just_before_and_after_each_growth_is_recorded_and_preserve_keeps_it():
     """Digits MLP, DASCPL, two growth steps: the growth history holds the accuracy at the moment of growth;
-    with preserve it does not drop (at most 0.2 point; here exactly not at all)."""
+    with preserve it does not drop (at most 0.2 point; here exactly not at all), on the validation split either."""
     rows = {}
     for init in ("fresh", "preserve"):
         grow = {"init": init, "schedule": TWO_STEPS, "eval_at_growth": True}
-        cfg = tiny_config(method="dascpl", threads=1, train={"epochs": 2}, grow=grow)
+        data = {"val_fraction": 0.2} if init == "preserve" else {}
+        cfg = tiny_config(method="dascpl", threads=1, train={"epochs": 2}, grow=grow, data=data)
         lines: list[str] = []
         r = train_local(cfg, progress=lines.append)
         history = {h["epoch"]: h for h in r.history}
@@ -128,10 +128,12 @@ def test_the_accuracy_just_before_and_after_each_growth_is_recorded_and_preserve
         for g in r.growth:  # at an epoch's end, before is that epoch's evaluation: no second pass
             assert g["acc_just_before"] == history[g["epoch"]]["test_accuracy"] == g["acc_before"]
             assert 0 <= g["acc_just_after"] <= 1 and g["eval_seconds"] > 0
+            assert g["val_just_before"] == history[g["epoch"]]["val_accuracy"]  # None without a validation split
         rows[init] = r.growth
     assert [g["epoch"] for g in rows["preserve"]] == [2, 3]
     assert all(g["acc_just_before"] - g["acc_just_after"] <= 0.002 for g in rows["preserve"])
     assert all(g["acc_just_after"] == g["acc_just_before"] for g in rows["preserve"])
+    assert all(g["val_just_after"] == g["val_just_before"] is not None for g in rows["preserve"])
     off = tiny_config(method="dascpl", grow={"schedule": TWO_STEPS[:1]})  # grow.eval_at_growth off: the default
     (g,) = train_local(off, progress=None).growth
     assert g["acc_just_before"] is None and g["acc_just_after"] is None and "eval_seconds" not in g
@@ -197,7 +199,7 @@ def test_preserve_on_ray_ends_as_the_reference_and_records_the_same_rows(method)
     with Pipeline(cfg) as p:
         result = p.train(progress=None)
         net = p.final_net()
-    _assert_same_weights(reference.net, net, atol=1e-6)
+    assert_same_weights(reference.net, net, atol=1e-6)
     keys = ("epoch", "blocks", "acc_just_before", "acc_just_after")
     (ours,), (theirs,) = ([[g[k] for k in keys] for g in rows] for rows in (result["growth"], reference.growth))
     assert ours == pytest.approx(theirs, abs=1e-6) and ours[:2] == [1, 3]

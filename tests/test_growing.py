@@ -19,8 +19,7 @@ from growpipe.runtime.cluster_record import record_cluster
 from growpipe.runtime.pipeline import Pipeline
 from growpipe.runtime.placement import stage_env
 from growpipe.runtime.stage import Stage
-from tests.conftest import tiny_config
-from tests.test_runtime import _assert_same_weights
+from tests.conftest import assert_same_weights, tiny_config
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -198,7 +197,7 @@ def test_every_epochs_grows_the_same_on_ray_as_in_the_reference(grow):
         net = p.final_net()
     assert [g["epoch"] for g in result["growth"]] == [1, 2] == [g["epoch"] for g in reference.growth]
     assert result["blocks"] == 4
-    _assert_same_weights(reference.net, net, atol=1e-6)
+    assert_same_weights(reference.net, net, atol=1e-6)
 
 
 def _rows(vals: list[float]) -> list[dict]:
@@ -242,7 +241,7 @@ def test_prefix_cache_trains_the_new_block_like_the_reference_while_frozen_stage
     with Pipeline(cfg) as p:
         result = p.train(progress=None)
         net = p.final_net()
-    _assert_same_weights(reference.net, net, atol=1e-5)
+    assert_same_weights(reference.net, net, atol=1e-5)
     assert [(c["epoch"], c["block"]) for c in result["prefix_caches"]] == [(1, 2), (3, 3)]
     assert all("in memory" in c["where"] for c in result["prefix_caches"])
     n = len(reference.bundle.train)
@@ -321,4 +320,4 @@ def test_without_capacity_a_new_block_is_packed_into_the_last_stage_and_trains_t
     assert sum("grow.on_no_capacity=pack: block" in line for line in lines) == 2
     assert set(result["history"][-2]["loss"]) == {"b2.supcon", "b2.ce"}  # the packed blocks' own losses
     assert set(result["history"][-1]["loss"]) == {"b3.supcon", "b3.ce"}
-    _assert_same_weights(reference.net, net, atol=1e-6)
+    assert_same_weights(reference.net, net, atol=1e-6)

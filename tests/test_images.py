@@ -15,7 +15,7 @@ from growpipe.config import build_config
 from growpipe.data import load_data
 from growpipe.data.augment import Augment
 from growpipe.errors import ConfigError, DataError, InputError
-from tests.conftest import tiny_config
+from tests.conftest import assert_same_weights, tiny_config
 
 CLASSES = ["cat", "dog", "emu"]
 
@@ -294,7 +294,6 @@ def test_streamed_augmented_training_on_ray_matches_the_reference_and_evaluate_u
     from growpipe.api import evaluate
     from growpipe.local import train_local
     from growpipe.runtime.pipeline import Pipeline
-    from tests.test_runtime import _assert_same_weights
 
     folder = f"imagefolder:{sources['base'] / 'folder'}"  # read from disk per batch, by reader threads
     data = {"name": folder, "batch_size": 8, "augment": ["random_crop", "hflip"], "crop_padding": 1}
@@ -303,7 +302,7 @@ def test_streamed_augmented_training_on_ray_matches_the_reference_and_evaluate_u
     with Pipeline(cfg) as p:
         p.train(progress=None)
         net = p.final_net()
-    _assert_same_weights(reference.net, net, atol=1e-6)
+    assert_same_weights(reference.net, net, atol=1e-6)
     assert net.info.normalize == reference.net.info.normalize and len(net.info.normalize["mean"]) == 1
 
     from growpipe.checkpoint import save_net

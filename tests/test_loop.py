@@ -244,6 +244,54 @@ def test_an_engine_that_places_while_training_trains_on_until_the_block_is_built
     assert result["growth"][0]["batch"] == 6 and answers[0]["blocks"] == 3
 
 
+@pytest.mark.parametrize(("epochs", "release"), [(3, (2, 4)), (3, (2, None)), (2, None)])
+def test_a_request_waiting_at_an_epoch_boundary_is_placed_while_the_next_epoch_trains_unless_it_is_the_last(
+    epochs: int, release: tuple[int, int | None] | None
+):
+    """A request accepted while epoch 1 is evaluated (no epoch runs, nothing is placed), its placement held
+    (a gate): an engine that places while training trains epoch 2 meanwhile and attaches the block at the batch
+    after the placement ends (released at batch 4 of epoch 2). A placement still under way when only one epoch
+    is left (released once epoch 2 ended) is waited for at that boundary, and a request waiting there (2 epochs)
+    is placed there: the block trains the whole last epoch."""
+    answers: list[dict] = []
+    askers: list[threading.Thread] = []
+    loop: RunLoop
+
+    class Evaluated(FakeEngine):
+        places_while_training = True
+
+        def evaluate(self):
+            if not askers:
+                askers.append(_ask_from_another_thread(loop, {"kind": "layer"}, answers.append))
+                if release is None:
+                    self.gate.set()  # held nowhere: placed at the boundary
+            elif release == (2, None) and not self.gate.is_set():  # epoch 2 ended, its placement under way
+                assert self.preparing.wait(10)
+                self.gate.set()
+            return super().evaluate()
+
+    def let_go(epoch: int, batch: int) -> None:
+        if (epoch, batch) == release:
+            assert engine.preparing.wait(10)
+            placing = loop.requests._placing
+            engine.gate.set()
+            if placing is not None:
+                placing[1].join(10)  # built: the pause is set, the engine stops before this batch
+
+    engine = Evaluated(on_batch=let_go)
+    engine.gate = threading.Event()
+    loop, _ = _loop(_cfg(train={"epochs": epochs}, grow={"max_blocks": 3}), engine)
+    result = loop.run()
+    askers[0].join(10)
+    (event,) = result["growth"]
+    assert answers[0]["blocks"] == 3 and [d for e, b, d in engine.trained if e == epochs] == [3] * BATCHES
+    if release == (2, 4):  # attached within epoch 2, at the batch after the placement ended
+        assert (event["epoch"], event["batch"]) == (1, 4)
+        assert [d for e, b, d in engine.trained if e == 2] == [2] * 4 + [3] * 6
+    else:  # at the boundary before the last epoch: placed there (2 epochs) or waited for there (3 epochs)
+        assert (event["epoch"], event["batch"]) == (epochs - 1, None)
+
+
 def test_a_pause_runs_a_forwarded_hook_once_whether_set_before_or_while_inside():
     calls: list[str] = []
     pause = Pause()
@@ -471,10 +519,13 @@ def test_policies_decide_without_a_run():
     assert CheckpointTiming(True, 1, 4).next_stop(5) == 8 and CheckpointTiming(False, 1, 4).next_stop(0) is None
     assert grow_refusal("r", 2, 0, 3) is None and "counting 1 request" in grow_refusal("r", 2, 1, 3)
     assert pack_host("pack", 1) == 1 and pack_host("fail", 1) is None
-    # a boundary grows for a plan or a placed block; a waiting request only where blocks cannot be placed in training
-    assert grow_at_boundary(True, False, False, True, False) and grow_at_boundary(False, True, False, True, True)
-    assert grow_at_boundary(False, False, True, False, False) and not grow_at_boundary(False, False, True, False, True)
-    assert not grow_at_boundary(False, False, True, True, False)  # placed during the next epoch: nothing stops
+    # a boundary grows for a plan or a placed block; a waiting request only where it cannot be placed in training
+    assert grow_at_boundary(True, False, False, True, 3, False) and grow_at_boundary(False, True, False, True, 0, False)
+    assert grow_at_boundary(False, False, True, False, 3, False) and not grow_at_boundary(False, False, True, False, 0,
+                                                                                            False)  # fmt: skip
+    assert not grow_at_boundary(False, False, True, True, 3, False)  # placed during the next epoch: nothing stops
+    assert grow_at_boundary(False, False, True, True, 1, False)  # the last epoch trains the block from its start
+    assert grow_at_boundary(False, False, True, True, 3, True)  # a cache due first: a mid-epoch attach would drop it
 
 
 def test_a_standby_actor_is_started_while_the_run_can_grow_and_the_room_is_there_now():

@@ -17,7 +17,7 @@ from growpipe.errors import InputError, PipelineError
 from growpipe.local import train_local
 from growpipe.report import format_stage_table, format_topology_changes
 from growpipe.runtime.pipeline import Pipeline
-from tests.conftest import tiny_config
+from tests.conftest import assert_same_weights, tiny_config
 
 pytestmark = pytest.mark.usefixtures("multinode")
 
@@ -91,7 +91,6 @@ def test_a_lost_node_without_a_replacement_shrinks_then_spreads_out_when_a_node_
     actor (the same maths: the reference trainer's weights), and once a node joins the blocks go back into
     their own actors at the next epoch boundary."""
     from tests.test_bench import _bench_module
-    from tests.test_runtime import _assert_same_weights
 
     monkeypatch.setenv("GROWPIPE_STEP_DELAY_MS", "80")  # epochs of ~2 s: longer than a raylet takes to join
     timeout, epochs = 2.0, 6
@@ -105,7 +104,7 @@ def test_a_lost_node_without_a_replacement_shrinks_then_spreads_out_when_a_node_
     assert timeout <= row["loss_to_training_s"] < timeout + 15 and row["join_to_spread_s"] >= 0
     assert row["spread_samples_per_second"] > 0 and row["shrunk_samples_per_second"] > 0
     assert row["test_accuracy_disturbed"] == row["test_accuracy_undisturbed"] and row["restarts"] == 1  # the shrink
-    _assert_same_weights(reference.net, row["net"], atol=1e-6)
+    assert_same_weights(reference.net, row["net"], atol=1e-6)
 
 
 def _ddp_workers_alive() -> list[str]:

@@ -4,13 +4,12 @@ import time
 
 import pytest
 import ray
-import torch
 
 from growpipe.errors import InputError, PipelineError
 from growpipe.local import train_local
 from growpipe.runtime.names import controller_name, run_of, stage_actor_name
 from growpipe.runtime.pipeline import Pipeline
-from tests.conftest import deep_merge, run_actors, tiny_config
+from tests.conftest import assert_same_weights, deep_merge, run_actors, tiny_config
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -26,19 +25,6 @@ def _small(method: str, window: int, **extra):
         "pipeline": {"window": window},
     }
     return tiny_config(**deep_merge(base, extra))
-
-
-def _assert_same_weights(net_a, net_b, atol=0.0):
-    for a, b in zip(net_a.state_dict()["blocks"], net_b.state_dict()["blocks"], strict=True):
-        assert a["steps"] == b["steps"]
-        for k, v in a["modules"].items():
-            w = b["modules"][k]
-            assert torch.allclose(v, w, atol=atol, rtol=0), f"{k} differs by {(v - w).abs().max():.3g}"
-        for name, opt in a["optimizers"].items():
-            for pid, st in opt["state"].items():
-                for key, val in st.items():
-                    if torch.is_tensor(val):
-                        assert torch.allclose(val, b["optimizers"][name]["state"][pid][key], atol=atol, rtol=0)
 
 
 @pytest.mark.parametrize(
@@ -65,7 +51,7 @@ def test_pipeline_matches_reference_trainer(method, window, read, precision, gra
     with Pipeline(cfg) as p:
         result = p.train(progress=None)
         net = p.final_net()
-    _assert_same_weights(reference.net, net, atol=1e-6)
+    assert_same_weights(reference.net, net, atol=1e-6)
     ref = reference.summary()
     assert result["test_accuracy"] == pytest.approx(ref["test_accuracy"], abs=1e-6)
     assert result["exit_accuracy"] == pytest.approx(ref["exit_accuracy"], abs=1e-6)
@@ -88,7 +74,7 @@ def test_grouped_calls_stay_exact_and_within_the_window():
     with Pipeline(cfg) as p:
         result = p.train(progress=None)
         net = p.final_net()
-    _assert_same_weights(reference.net, net, atol=1e-6)
+    assert_same_weights(reference.net, net, atol=1e-6)
     assert all(2 <= s["max_inflight"] <= 3 for s in result["stages"][:-1])
     assert [s["samples"] for s in result["stages"]] == [352 * 2] * 3
 

@@ -12,7 +12,7 @@ from growpipe.data.text import Vocab
 from growpipe.errors import DataError
 from growpipe.nn.packet import Packet
 from growpipe.nn.word_vectors import read_word_vectors
-from tests.conftest import tiny_config
+from tests.conftest import assert_same_weights, tiny_config
 
 VOCAB = Vocab(["ball", "goal", "cpu", "church"])
 
@@ -176,14 +176,13 @@ def test_lstm_blocks_hand_their_final_state_on_when_asked(text_dir: Path):
 def test_lstm_with_state_and_last_pooling_on_ray_matches_the_reference(text_dir: Path):
     from growpipe.local import train_local
     from growpipe.runtime.pipeline import Pipeline
-    from tests.test_runtime import _assert_same_weights
 
     cfg = _lstm_config(text_dir, lstm_state=True, lstm_pooling="last")
     reference = train_local(cfg, progress=None)
     with Pipeline(cfg) as p:
         p.train(progress=None)
         net = p.final_net()
-    _assert_same_weights(reference.net, net, atol=1e-6)
+    assert_same_weights(reference.net, net, atol=1e-6)
 
 
 def test_a_sequence_feature_block_appends_its_tokens_after_the_real_ones():
@@ -204,7 +203,6 @@ def test_a_sequence_feature_block_appends_its_tokens_after_the_real_ones():
 def test_text_feature_growth_on_ray_matches_the_reference(join: str, text_dir: Path):
     from growpipe.local import train_local
     from growpipe.runtime.pipeline import Pipeline
-    from tests.test_runtime import _assert_same_weights
 
     cfg = tiny_config(
         method="scpl",
@@ -219,7 +217,7 @@ def test_text_feature_growth_on_ray_matches_the_reference(join: str, text_dir: P
     with Pipeline(cfg) as p:
         result = p.train(progress=None)
         net = p.final_net()
-    _assert_same_weights(reference.net, net, atol=1e-6)
+    assert_same_weights(reference.net, net, atol=1e-6)
     family = net.blocks[2].spec.encoder.family
     assert result["blocks"] == 3 and family == ("seqfeature" if join == "sequence" else "feature")
 

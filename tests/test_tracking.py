@@ -8,7 +8,7 @@ from mlflow.tracking import MlflowClient
 from growpipe.errors import PipelineError
 from growpipe.local import train_local
 from growpipe.runtime.pipeline import Pipeline
-from tests.conftest import run_actors, tiny_config
+from tests.conftest import assert_same_weights, run_actors, tiny_config
 from tests.noise import library_noise
 
 
@@ -94,7 +94,6 @@ def test_a_grown_ray_run_matches_the_reference_reports_its_stages_and_is_logged_
 ):
     """A Ray run grown once: the reference's weights, its stages reported, logged from the controller (its
     model a LoggedModel of the run, the controller's machine as system metrics)."""
-    from tests.test_runtime import _assert_same_weights
 
     monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")  # MLFLOW_* reach the controller
     reference = train_local(_tracked(tmp_path, "tracked-ray", mlflow=False), progress=None)
@@ -104,7 +103,7 @@ def test_a_grown_ray_run_matches_the_reference_reports_its_stages_and_is_logged_
         result = p.train(progress=lines.append)
         net = p.final_net()
         exported = _exported(cfg.name, result)  # while the controller that records them lives
-    _assert_same_weights(reference.net, net, atol=1e-6)
+    assert_same_weights(reference.net, net, atol=1e-6)
     assert result["blocks"] == 3 and result["growth"][0]["kind"] == "layer"
     assert any(line.startswith("grow   +layer block 2 (mlp) -> 3 blocks, stage actor 2") for line in lines)
     stages = result["stages"]

@@ -10,8 +10,7 @@ from growpipe.local import train_local
 from growpipe.nn.packet import Packet
 from growpipe.runtime.pipeline import Pipeline
 from growpipe.runtime.transport import join_packets, resolve, split_packets, transport_problem
-from tests.conftest import tiny_config
-from tests.test_runtime import _assert_same_weights
+from tests.conftest import assert_same_weights, tiny_config
 
 
 @pytest.mark.parametrize(
@@ -90,7 +89,7 @@ def test_gloo_pipeline_matches_the_reference_trainer_through_growth():
     with Pipeline(cfg) as p:
         result = p.train(progress=None)
         net = p.final_net()
-    _assert_same_weights(reference.net, net, atol=1e-6)
+    assert_same_weights(reference.net, net, atol=1e-6)
     assert result["blocks"] == 3
     t = result["transport"]
     assert t["backend"] == "gloo" and t["groups_made"] == 2

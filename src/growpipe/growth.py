@@ -138,7 +138,8 @@ def growth_event(
 ) -> dict[str, Any]:
     """One entry of the growth history. acc_before is the newest epoch's test accuracy and acc_after is filled
     in by `note_epoch` as training goes on (the grown net at the end of its phase); acc_just_before /
-    acc_just_after, the net's test accuracy at the moment of growth, by the loop (grow.eval_at_growth)."""
+    acc_just_after, the net's test accuracy at the moment of growth, and val_just_before / val_just_after, its
+    validation accuracy then (with a validation split), by the loop (grow.eval_at_growth)."""
     return {
         "epoch": epoch,
         "batch": batch,
@@ -151,6 +152,8 @@ def growth_event(
         "acc_after": None,
         "acc_just_before": None,
         "acc_just_after": None,
+        "val_just_before": None,
+        "val_just_after": None,
     }
 
 

@@ -102,8 +102,9 @@ class GrowSpec(Strict):
     eval_at_growth: bool = False
     """Evaluate the net (test split, and the validation split when there is one) just after each growth, and
     just before one made within an epoch (at an epoch's end its evaluation is the net's before): the growth
-    history's acc_just_before / acc_just_after. One more evaluation pass per growth (two mid-epoch), which a
-    request's answer and the new block's first step wait for: off by default."""
+    history's acc_just_before / acc_just_after (test) and val_just_before / val_just_after (validation). One
+    more evaluation pass per growth (two mid-epoch), which a request's answer and the new block's first step
+    wait for: off by default."""
     cache: CacheSpec = CacheSpec()
     """The frozen-prefix cache (local-learning pipeline on Ray)."""
     on_no_capacity: Literal["fail", "pack"] = "fail"

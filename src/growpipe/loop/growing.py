@@ -19,6 +19,8 @@ from growpipe.loop.states import Growing
 from growpipe.nn.specs import BlockSpec, InputInfo
 
 Attacher = Callable[[Prepared, GrowStep], dict[str, Any]]
+Accuracies = tuple[float | None, float | None]
+"""(test, validation) accuracy of the full path."""
 
 
 class Growth:
@@ -32,7 +34,7 @@ class Growth:
         self.requests, self.callbacks, self.say = requests, callbacks, say
         self.plan = GrowthPlan(cfg)
         self.cache_due = False  # the net grew with its earlier blocks frozen: cache their outputs first
-        self._measured: tuple[tuple[int, int | None, int], float] | None = None  # (epoch, batch, depth), accuracy
+        self._measured: tuple[tuple[int, int | None, int], Accuracies] | None = None  # (epoch, batch, depth), accs
 
     def check_plan(self, info: InputInfo, specs: list[BlockSpec]) -> None:
         """At the start: ConfigError when a planned step cannot start as grow.init asks (preserve)."""
@@ -40,19 +42,19 @@ class Growth:
             raise ConfigError(why)
 
     def grow(self, g: Growing, run: GrowingRun) -> bool:
-        """The growth of boundary `g`: its planned steps (a step the grow limit stops is skipped, one that
-        cannot be placed ends the run), the request prepared while the epoch ran, and, between epochs, every
-        request waiting now. Whether the net grew."""
+        """The growth of boundary `g`: the request prepared while the epoch ran (first: its block was built on
+        the net as it is), its planned steps (a step the grow limit stops is skipped, one that cannot be placed
+        ends the run), and, between epochs, every request waiting now. Whether the net grew."""
         grew = False
+        requests = self.requests
+        if g.order is not None:
+            grew = requests.attach(g.order, len(run.specs), self._attacher(run.specs, g.epoch, g.batch))
         for step in g.steps:
             if why := grow_refusal(self.run_name, len(run.specs), self.requests.pending, self.cfg.max_blocks()):
                 self.skip_planned(step, g.source, g.epoch, why)
                 continue
             self.attach(run.specs, self.engine.prepare_block(run.next_spec(step)), step, g.source, g.epoch, g.batch)
             grew = True
-        requests = self.requests
-        if g.order is not None:
-            grew = requests.attach(g.order, len(run.specs), self._attacher(run.specs, g.epoch, g.batch)) or grew
         if g.resume is None:  # between epochs: the requests waiting now
             while (order := requests.next_order()) is not None:
                 if requests.prepare(order, run):
@@ -68,7 +70,7 @@ class Growth:
         it; `epoch` finished epochs, `batch` batches into the next (None: at the boundary). Returns the event."""
         depth = len(specs)
         freeze = self.cfg.grow.freeze
-        before, before_s = self.accuracy_now(epoch, batch, depth)
+        (before, val_before), before_s = self.accuracy_now(epoch, batch, depth)
         self.engine.attach_block(prepared, freeze)
         if freeze:
             self.rec.frozen |= set(range(depth))
@@ -78,8 +80,9 @@ class Growth:
         event = growth_event(epoch, step, depth + 1, self.rec.history, source, batch)
         event.update(block=prepared.spec.index, family=prepared.spec.encoder.family, where=prepared.where)
         if self.cfg.grow.eval_at_growth:
-            after, after_s = self.accuracy_now(epoch, batch, depth + 1)
-            event.update(acc_just_before=before, acc_just_after=after, eval_seconds=round(before_s + after_s, 4))
+            (after, val_after), after_s = self.accuracy_now(epoch, batch, depth + 1)
+            event.update(acc_just_before=before, acc_just_after=after, val_just_before=val_before,
+                         val_just_after=val_after, eval_seconds=round(before_s + after_s, 4))  # fmt: skip
         specs.append(prepared.spec)
         self.plan.grew(epoch)
         self.rec.best = None  # model selection starts again on the grown net
@@ -87,20 +90,22 @@ class Growth:
         notify(self.callbacks, "on_growth", event, say=self.say)
         return event
 
-    def accuracy_now(self, epoch: int, batch: int | None, depth: int) -> tuple[float | None, float]:
-        """The test accuracy of the net as it is now, `depth` blocks after `epoch` finished epochs and `batch`
-        batches into the next (grow.eval_at_growth; None when off), and the seconds its evaluation took here:
-        the evaluation made at this very point (the epoch's row, the growth just before: 0 s), else one now."""
+    def accuracy_now(self, epoch: int, batch: int | None, depth: int) -> tuple[Accuracies, float]:
+        """The (test, validation) accuracy of the net as it is now, `depth` blocks after `epoch` finished epochs
+        and `batch` batches into the next (grow.eval_at_growth; Nones when off, the validation one without a
+        validation split), and the seconds its evaluation took here: the evaluation made at this very point (the
+        epoch's row, the growth just before: 0 s), else one now."""
         if not self.cfg.grow.eval_at_growth:
-            return None, 0.0
+            return (None, None), 0.0
         key = (epoch, batch, depth)
         if self._measured is not None and self._measured[0] == key:
             return self._measured[1], 0.0
         rows = self.rec.history
         if batch is None and rows and (rows[-1]["epoch"], rows[-1]["blocks"]) == (epoch, depth):
-            return rows[-1]["test_accuracy"], 0.0
+            return (rows[-1]["test_accuracy"], rows[-1].get("val_accuracy")), 0.0
         t0 = time.perf_counter()
-        self._measured = (key, self.engine.evaluate()["full_accuracy"])
+        ev = self.engine.evaluate()
+        self._measured = (key, (ev["full_accuracy"], ev.get("val_accuracy")))
         return self._measured[1], time.perf_counter() - t0
 
     def skip_planned(self, step: GrowStep, source: str, epoch: int, why: str) -> None:

@@ -211,10 +211,12 @@ class RunLoop:
         """After `epoch` finished epochs (0: the start): grow (planned, or a request), checkpoint, go on."""
         best = bool(self.cfg.eval.restore_best and self.store) and self.rec.note_best(epoch)
         due = self.plan.due(epoch, self.rec.history, len(self.specs))
-        self.requests.collect(wait=False)
+        left = self.plan.total_epochs - epoch
+        self.requests.collect(wait=left == 1)  # one epoch left: a placement under way ends first, to train in it
         order = self.requests.take_prepared()  # placed during an epoch that could not pause
-        waiting, last = not self.requests.orders.empty(), epoch >= self.plan.total_epochs
-        if grow_at_boundary(bool(due), order is not None, waiting, self.engine.places_while_training, last):
+        waiting = not self.requests.orders.empty()
+        if grow_at_boundary(bool(due), order is not None, waiting, self.engine.places_while_training, left,
+                            self.growth.cache_due):  # fmt: skip
             return Growing(epoch, None, steps=tuple(due), source=self.plan.policy, order=order)
         spread = self.topology.expand_due() if self.store and epoch < self.plan.total_epochs else None
         if spread is not None:  # a shrunk run whose lost homes are back: its blocks go home, state carried over

@@ -114,9 +114,16 @@ def better_epoch(best_val: float | None, row: dict[str, Any]) -> bool:
     return val is not None and (best_val is None or val >= best_val)
 
 
-def grow_at_boundary(planned: bool, placed: bool, waiting: bool, places_while_training: bool, last: bool) -> bool:
+def grow_at_boundary(planned: bool, placed: bool, waiting: bool, places_while_training: bool, epochs_left: int,
+                     cache_due: bool) -> bool:  # fmt: skip
     """Whether an epoch boundary grows the net now: planned steps are due, a request's block placed during the
-    epoch waits to be attached, or a request waits (not after the last epoch) on an engine that places blocks
-    only between batches. An engine that places while training has the waiting request's block placed during
-    the next epoch instead, so the blocks already training never stop for a placement."""
-    return planned or placed or (waiting and not last and not places_while_training)
+    epoch waits to be attached, or a request waits (with epochs left to train it) and cannot be placed while
+    the next epoch trains: the engine places blocks only between batches, the next epoch is the last (a block
+    attached late in it would hardly train), or a prefix cache is due first (a block attached mid-epoch would
+    drop it). Otherwise the block is placed while the next epoch trains, so the blocks already training never
+    stop for a placement."""
+    if planned or placed:
+        return True
+    if not waiting or epochs_left <= 0:
+        return False
+    return not places_while_training or epochs_left == 1 or cache_due

@@ -101,6 +101,8 @@ class AsyncBPStage(BPStage):
             return block.forward(p)
         block.modules.train()
         opt = block.optimizers["all"]
+        if self.spectrain and self.ahead:
+            block.set_scheduled_lr()  # predict with the rate of the block's next step (a restore resets it)
         weights = {}
         for n, param in block.modules.named_parameters():
             w = (
@@ -169,9 +171,11 @@ class AsyncBPStage(BPStage):
         return None if x_in is None or x_in.grad is None else x_in.grad.detach().cpu()
 
     def _skip(self, block: Any) -> None:
-        """Count a skipped mini-batch; no gradient goes upstream, so the stages above skip it too."""
+        """Count a skipped mini-batch (a step of the block, as every engine counts it: its dropout stream and
+        learning-rate schedule go on); no gradient goes upstream, so the stages above skip it too."""
         key = f"b{block.index}"
         self.stats.skipped[key] = self.stats.skipped.get(key, 0) + 1
+        block.steps += 1
         return None
 
     def staleness(self) -> float:
