@@ -8,6 +8,8 @@ Ray pipeline (the local rules; method bp on GPipe stage actors):
     blocks frozen and their outputs cached: each phase trains one block;
   - grown-all: the same growth, every block training on (grow.freeze false: the local losses need no backward
     pass through the blocks below, so they keep learning while the net grows);
+  - grown-joint: grown-frozen, then a joint phase (grow.joint: --joint-epochs more epochs in which every block
+    learns again, at --joint-lr times its rate; their time and MACs count);
   both grown arms start a block with `grow.init` preserve where the blocks allow it (its output has its
   input's shape), else fresh, and evaluate the net just before and just after each growth
   (grow.eval_at_growth: its cost is in their seconds).
@@ -63,7 +65,7 @@ SUITES = {
     "text": Suite("text.yaml", [256, 256], 8, ["method={rule}"]),
 }
 METHODS = ("al", "scpl", "dascpl", "bp")
-ARMS = ("scratch", "grown-frozen", "grown-all")
+ARMS = ("scratch", "grown-frozen", "grown-all", "grown-joint")
 QUICK = ["data.limit_train=256", "data.limit_test=128"]
 
 
@@ -74,9 +76,10 @@ def widths_override(suite: Suite, k: int) -> str:
     return f"net.width={suite.widths[0]}"
 
 
-def arm_overrides(suite: Suite, arm: str, epochs: int, init: str) -> list[str]:
+def arm_overrides(suite: Suite, arm: str, epochs: int, init: str, joint: tuple[int, float] = (1, 0.3)) -> list[str]:
     """What one arm sets on the suite's config: scratch K blocks for `epochs`; a grown arm 1 block, then a layer
-    step of the next width every epochs/K epochs, the earlier blocks frozen (grown-frozen) or not (grown-all)."""
+    step of the next width every epochs/K epochs, the earlier blocks frozen (grown-frozen, grown-joint: then
+    `joint` = (epochs, lr factor) of grow.joint) or not (grown-all)."""
     k = len(suite.widths)
     if arm == "scratch":
         return [f"net.blocks={k}", widths_override(suite, k), f"train.epochs={epochs}", "grow.schedule=[]"]
@@ -84,8 +87,9 @@ def arm_overrides(suite: Suite, arm: str, epochs: int, init: str) -> list[str]:
     steps = ", ".join(f"{{kind: layer, epochs: {phase}, width: {w}}}" for w in suite.widths[1:])
     return ["net.blocks=1", widths_override(suite, 1), f"train.epochs={epochs - phase * (k - 1)}",
             f"grow.schedule=[{steps}]", f"grow.max_blocks={k}", f"grow.init={init}",
-            f"grow.freeze={str(arm == 'grown-frozen').lower()}",
-            "grow.eval_at_growth=true"]  # fmt: skip
+            f"grow.freeze={str(arm != 'grown-all').lower()}", "grow.eval_at_growth=true",
+            *([f"grow.joint={{epochs: {joint[0]}, lr_factor: {joint[1]}}}"] if arm == "grown-joint" else [])
+            ]  # fmt: skip
 
 
 def decay_overrides(suite: Suite, arm: str, epochs: int, decay: str, steps_per_epoch: int) -> list[str]:
@@ -109,9 +113,9 @@ def steps_per_epoch(cfg: RunConfig) -> int:
 
 
 def run_config(suite_name: str, suite: Suite, method: str, arm: str, seed: int, epochs: int, init: str,
-               extra: list[str], quick: bool) -> RunConfig:  # fmt: skip
+               extra: list[str], quick: bool, joint: tuple[int, float] = (1, 0.3)) -> RunConfig:  # fmt: skip
     rule_sets = ["runtime.engine=gpipe", "bp_pipeline.micro_batches=2"] if method == "bp" else []
-    sets = [*suite.overrides, *(QUICK if quick else []), *arm_overrides(suite, arm, epochs, init), *rule_sets,
+    sets = [*suite.overrides, *(QUICK if quick else []), *arm_overrides(suite, arm, epochs, init, joint), *rule_sets,
             f"name=gvs-{suite_name}-{method}-{arm}-s{seed}", f"seed={seed}", "tracking.mlflow=false",
             "checkpoint.enabled=false", "runtime.dashboard=false", "runtime.timeline_epoch=0", *extra]  # fmt: skip
     sets = [s.replace("{rule}", method) for s in sets]
@@ -162,15 +166,17 @@ def train_one(cfg: RunConfig, runtime: str) -> tuple[dict[str, Any], list[float]
 
 
 def measure(name: str, suite: Suite, method: str, arm: str, seed: int, epochs: int, init: str, extra: list[str],
-            quick: bool, runtime: str = "ray") -> dict[str, Any]:  # fmt: skip
+            quick: bool, runtime: str = "ray", joint: tuple[int, float] = (1, 0.3)) -> dict[str, Any]:  # fmt: skip
     """One run; a grown arm whose blocks cannot start preserved falls back to fresh (said in the row)."""
     try:
-        result, stamps = train_one(run_config(name, suite, method, arm, seed, epochs, init, extra, quick), runtime)
+        result, stamps = train_one(run_config(name, suite, method, arm, seed, epochs, init, extra, quick, joint),
+                                   runtime)  # fmt: skip
     except ConfigError as e:  # refused before anything trained: the config, or the shapes the data gives
         if arm == "scratch" or init != "preserve" or "grow.init: preserve" not in str(e):
             raise
         init = "fresh"
-        result, stamps = train_one(run_config(name, suite, method, arm, seed, epochs, init, extra, quick), runtime)
+        result, stamps = train_one(run_config(name, suite, method, arm, seed, epochs, init, extra, quick, joint),
+                                   runtime)  # fmt: skip
     macs = training_macs(result["history"], result.get("prefix_caches") or [], block_macs(result["macs_per_exit"]))
     accs = [h["test_accuracy"] for h in result["history"]]
     return {"suite": name, "method": method, "arm": arm, "seed": seed, "runtime": runtime,
@@ -253,7 +259,7 @@ def plot_suite(suite: str, runs: list[dict[str, Any]], path: Path, runtime: str)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), dpi=110)
     for ax, axis, label in ((axes[0], 0, "wall-clock seconds"), (axes[1], 1, "training MACs")):
         for method in sorted({r["method"] for r in runs}):
-            for arm, style in zip(ARMS, ("--", "-", ":"), strict=True):
+            for arm, style in zip(ARMS, ("--", "-", ":", "-."), strict=True):
                 chosen = pick(runs, suite, method, arm, runtime)
                 if chosen:
                     curve = mean_curve(chosen, axis)
@@ -304,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
         default="none",
         help="train.lr_schedule per arm: each block's rate decays to a tenth over its own training epochs",
     )
+    ap.add_argument("--joint-epochs", type=int, default=1, help="grown-joint: epochs of its joint phase (1)")
+    ap.add_argument("--joint-lr", type=float, default=0.3, help="grown-joint: the joint phase's lr factor (0.3)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an override for every run")
     ap.add_argument("--quick", action="store_true", help="256 training rows, 2 blocks, 2 epochs: a smoke test")
     ap.add_argument("--plots", default="bench/plots", metavar="DIR", help="where the PNGs go")
@@ -313,6 +321,9 @@ def main(argv: list[str] | None = None) -> int:
     arms = _csv(args.arms, ARMS[1:], "--arms")
     if args.seeds < 1:
         raise SystemExit("--seeds must be 1 or more")
+    if args.joint_epochs < 1 or not 0 < args.joint_lr <= 1:
+        raise SystemExit("--joint-epochs must be 1 or more and --joint-lr in (0, 1]")
+    joint = (args.joint_epochs, args.joint_lr)
     start, runs = time.perf_counter(), []
     if args.runtime == "ray":
         join_or_start_ray()
@@ -336,9 +347,10 @@ def main(argv: list[str] | None = None) -> int:
                 for arm in ("scratch", *arms):
                     print(f"== {suite} {method} seed {seed}: {arm}", flush=True)
                     runs.append(measure(suite, s, method, arm, seed, epochs, args.init, sets[arm], args.quick,
-                                        args.runtime))  # fmt: skip
+                                        args.runtime, joint))  # fmt: skip
             for arm in arms if args.reference and args.runtime == "ray" else []:
-                runs.append(measure(suite, s, method, arm, 0, epochs, args.init, sets[arm], args.quick, "local"))
+                runs.append(measure(suite, s, method, arm, 0, epochs, args.init, sets[arm], args.quick, "local",
+                                    joint))  # fmt: skip
     rows = summarize(runs, args.runtime)
     print(markdown(rows))
     tag = "-quick" if args.quick else ""
@@ -348,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {"rows": rows, "runs": runs, "plots": plots, "seconds": round(time.perf_counter() - start, 1),
            "settings": {"suites": suites, "methods": methods, "arms": arms, "seeds": args.seeds, "init": args.init,
                         "target_gap": TARGET_GAP, "quick": args.quick, "runtime": args.runtime,
-                        "sets": args.set, "decay": args.decay}}  # fmt: skip
+                        "sets": args.set, "decay": args.decay, "joint": list(joint)}}  # fmt: skip
     return end_bench(out, args.json_out)
 
 

@@ -1,17 +1,21 @@
 """Pipeline benchmark: one MLP cut into K equal, compute-heavy blocks, trained on the same Fashion-MNIST
-batches four ways, compared as samples/s ratios measured in one run:
+batches four ways, compared as samples/s ratios:
 
   (a) growpipe's reference trainer, sequential, 1 torch thread            (local rule: SCPL)
   (b) BP on the same layers, one process, K torch threads
   (c) the growpipe Ray pipeline, K stage actors x 1 CPU                   (local rule: SCPL)
   (d) torch.distributed.pipelining GPipe, K processes on gloo (BP, same blocks, 4 micro-batches)
 
-plus the median per-hop overhead of (c) and its stage utilisation. Each figure is the median over the
-epochs after the first (warm-up). The block width is calibrated so one block step takes
-the target time on this machine.
+plus the per-hop overhead of (c) and its stage utilisation. One measurement of an arm is the median samples/s
+over its epochs after the first (warm-up). The block width is calibrated once per target so one block step
+takes the target time on this machine. The arms then run --repeats times, interleaved: each repeat runs every
+arm once, starting one arm later than the repeat before (a b c d, then b c d a, ...), and gives every ratio
+from its own figures. Reported per figure and per ratio: the median over the repeats, its spread [min-max]
+and n. (c) runs with pipeline.packets_per_call 1 and 2 (--quick: 1) as two arms; the ratios use the one with
+the higher median samples/s. The JSON keeps every repeat's raw figures ("runs") beside the summary ("spread").
 
-    .venv/bin/growpipe bench pipeline --quick --json-out bench/out/pipeline-quick.json
-    .venv/bin/python bench/pipeline.py --json-out bench/out/pipeline.json      # 20 ms and 10 ms steps
+    .venv/bin/growpipe bench pipeline --quick --json-out bench/out/pipeline-quick.json   # 2 repeats, ~2 min
+    .venv/bin/growpipe bench pipeline --json-out bench/out/pipeline.json   # 20 ms and 10 ms steps, 5 repeats
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import time
 from typing import Any
 
 import torch
+from repeats import rotation, spread_table, summarize
 
 from growpipe.config import RunConfig, build_config
 from growpipe.data import load_data
@@ -149,80 +154,125 @@ def run_torch_gpipe(cfg: RunConfig) -> float:
 
 # ---- driver ------------------------------------------------------------------------------------------
 
+RATIOS = (("speedup_vs_sequential", "sequential", "c/a"), ("ratio_vs_bp_threads", "bp_threads", "c/b"),
+          ("ratio_vs_torch_gpipe", "torch_gpipe", "c/d"))  # fmt: skip
+"""Each ratio of the report: (c)'s samples/s over the named arm's, in the same repeat."""
+HEADLINE = ("speedup_vs_sequential", "ratio_vs_bp_threads", "ratio_vs_torch_gpipe", "hop_overhead_ms",
+            "stage_utilisation", "spread")  # fmt: skip
+"""The first case's keys the JSON repeats at its top level."""
 
-def measure(target_ms: float, batches: int, epochs: int, batch_size: int, groups: tuple[int, ...]) -> dict[str, Any]:
-    """All four figures for one block-step target."""
+
+def arms(groups: tuple[int, ...]) -> list[str]:
+    """The arms a repeat runs: (a), (b), (c) once per packets_per_call value, (d)."""
+    return ["sequential", "bp_threads", *(f"growpipe_ray_{g}" for g in groups), "torch_gpipe"]
+
+
+def arm_label(arm: str) -> str:
+    """How the report names an arm."""
+    if arm.startswith("growpipe_ray_"):
+        group = int(arm.rsplit("_", 1)[1])
+        return f"(c) growpipe Ray pipeline, {K} stages, {group} packet(s) per call"
+    return {"sequential": "(a) sequential reference, 1 thread", "bp_threads": f"(b) BP, one process, {K} threads",
+            "growpipe_ray": "(c) growpipe Ray pipeline (the ratios' packets per call)",
+            "torch_gpipe": f"(d) torch GPipe, {K} procs, gloo"}[arm]  # fmt: skip
+
+
+def run_arm(arm: str, cfg: RunConfig) -> dict[str, Any]:
+    """One measurement of one arm: {arm: samples/s}, and for (c) its hop overhead and stage utilisation too."""
+    if arm.startswith("growpipe_ray_"):
+        group = int(arm.rsplit("_", 1)[1])
+        fig = run_ray(cfg, group)
+        return {arm: fig["samples_per_second"], f"hop_overhead_ms_{group}": fig["hop_overhead_ms"],
+                f"stage_utilisation_{group}": fig["stage_utilisation"]}  # fmt: skip
+    run = {"sequential": run_sequential, "bp_threads": run_bp_threads, "torch_gpipe": run_torch_gpipe}[arm]
+    return {arm: run(cfg)}
+
+
+def with_ratios(run: dict[str, Any], group: int) -> dict[str, Any]:
+    """A repeat's figures plus (c)'s for packets_per_call `group` and the ratios from them."""
+    pipe = run[f"growpipe_ray_{group}"]
+    out = {**run, "growpipe_ray": pipe, "hop_overhead_ms": run[f"hop_overhead_ms_{group}"],
+           "stage_utilisation": run[f"stage_utilisation_{group}"]}  # fmt: skip
+    return out | {ratio: pipe / run[arm] for ratio, arm, _ in RATIOS}
+
+
+def measure(
+    target_ms: float, batches: int, epochs: int, batch_size: int, groups: tuple[int, ...], repeats: int
+) -> dict[str, Any]:
+    """Every figure and ratio for one block-step target: `repeats` repeats of every arm, interleaved."""
     widths, ms = calibrate(target_ms, batch_size)
     cfg = bench_config(widths, batches, epochs, batch_size)
     steps = ", ".join(f"{m:.1f}" for m in ms)
     print(f"-- target {target_ms:g} ms: widths {list(widths)}, block steps {steps} ms, batch {batch_size}", flush=True)
-    seq = run_sequential(cfg)
-    print(f"   (a) sequential reference, 1 thread   {seq:8.0f} samples/s", flush=True)
-    bp = run_bp_threads(cfg)
-    print(f"   (b) BP, one process, {K} threads      {bp:8.0f} samples/s", flush=True)
-    ray_figs = {}
-    for group in groups:
-        ray_figs[group] = run_ray(cfg, group)
-        rate = ray_figs[group]["samples_per_second"]
-        print(
-            f"   (c) growpipe Ray pipeline, {K} stages {rate:8.0f} samples/s  ({group} packet(s) per call)", flush=True
-        )
-    best = max(groups, key=lambda g: ray_figs[g]["samples_per_second"])
-    ray_fig = ray_figs[best]
-    pipe = ray_fig["samples_per_second"]
-    gpipe = run_torch_gpipe(cfg)
-    print(f"   (d) torch GPipe, {K} procs, gloo      {gpipe:8.0f} samples/s", flush=True)
+    names = arms(groups)
+    runs = []
+    for r in range(repeats):
+        order = rotation(names, r)
+        run: dict[str, Any] = {"order": order}
+        for arm in order:
+            run |= run_arm(arm, cfg)
+        runs.append(run)
+        rates = "  ".join(f"{arm} {run[arm]:.0f}" for arm in order)
+        print(f"   repeat {r + 1}/{repeats}: {rates} samples/s", flush=True)
+    best = max(groups, key=lambda g: statistics.median(run[f"growpipe_ray_{g}"] for run in runs))
+    runs = [with_ratios(run, best) for run in runs]
+    keys = [*names, "growpipe_ray", *(ratio for ratio, _, _ in RATIOS), "hop_overhead_ms"]
+    summary = summarize(runs, keys)
+    med = {k: s["median"] for k, s in summary.items() if s is not None}
+    utilisation = [statistics.median(u) for u in zip(*(run["stage_utilisation"] for run in runs), strict=True)]
     act_kb = batch_size * widths[0] * 4 / 1024
-    row = {
+    rows = [(arm, arm_label(arm) + ", samples/s", 0) for arm in names]
+    rows += [(ratio, f"{ratio} ({short})", 2) for ratio, _, short in RATIOS]
+    rows.append(("hop_overhead_ms", "hop_overhead_ms", 2))
+    print(spread_table(summary, rows), flush=True)
+    print(f"   (c) in the ratios: {best} packet(s) per call; utilisation {[round(u, 2) for u in utilisation]}, "
+          f"activation {act_kb:.0f} KB", flush=True)  # fmt: skip
+    return {
         "target_step_ms": target_ms,
         "block_step_ms": [round(m, 2) for m in ms],
         "widths": list(widths),
         "activation_kb": act_kb,
-        "samples_per_second": {"sequential": seq, "bp_threads": bp, "growpipe_ray": pipe, "torch_gpipe": gpipe},
+        "repeats": repeats,
+        "samples_per_second": {arm: med[arm] for arm in ("sequential", "bp_threads", "growpipe_ray", "torch_gpipe")},
         "packets_per_call": best,
-        "growpipe_ray_by_packets_per_call": {g: f["samples_per_second"] for g, f in ray_figs.items()},
-        "speedup_vs_sequential": pipe / seq,
-        "ratio_vs_bp_threads": pipe / bp,
-        "ratio_vs_torch_gpipe": pipe / gpipe,
-        "hop_overhead_ms": ray_fig["hop_overhead_ms"],
-        "stage_utilisation": ray_fig["stage_utilisation"],
+        "growpipe_ray_by_packets_per_call": {g: med[f"growpipe_ray_{g}"] for g in groups},
+        **{ratio: med[ratio] for ratio, _, _ in RATIOS},
+        "hop_overhead_ms": med["hop_overhead_ms"],
+        "stage_utilisation": utilisation,
+        "spread": summary,
+        "runs": runs,
     }
-    print(
-        f"   c/a {row['speedup_vs_sequential']:.2f}  c/b {row['ratio_vs_bp_threads']:.2f}  "
-        f"c/d {row['ratio_vs_torch_gpipe']:.2f}  hop {row['hop_overhead_ms']:.2f} ms  "
-        f"utilisation {row['stage_utilisation']}  activation {act_kb:.0f} KB  (c: {best} packet(s) per call)",
-        flush=True,
-    )
-    return row
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Pipeline benchmark: Ray pipeline vs sequential, BP threads, torch GPipe")
-    ap.add_argument("--quick", action="store_true", help="only the >= 20 ms case, few batches (< 60 s)")
+    ap = argparse.ArgumentParser(description="Pipeline benchmark: Ray pipeline vs sequential, BP threads, torch GPipe; "
+                                 "every arm --repeats times, interleaved: medians and spreads [min-max]")  # fmt: skip
+    ap.add_argument("--quick", action="store_true", help="only the >= 20 ms case, few batches, 2 repeats (~2 min)")
     ap.add_argument("--json-out", metavar="FILE", help="write the figures as JSON")
     ap.add_argument("--batches", type=int, help="batches per epoch (default: 12 quick, 40 full)")
     ap.add_argument("--epochs", type=int, help="epochs per measurement, the first is warm-up (default 3 / 4)")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--target-ms", type=float, action="append",
                     help="block step ms to calibrate for, repeatable (default: 20 quick, 20 and 10 full)")  # fmt: skip
+    ap.add_argument("--repeats", type=int,
+                    help="runs of every arm, interleaved: medians and [min-max] (default 2 quick, 5 full)")  # fmt: skip
     args = ap.parse_args(argv)
     if args.epochs is not None and args.epochs < 2:
         ap.error("--epochs must be at least 2: the first epoch is warm-up and is not measured")
+    if args.repeats is not None and args.repeats < 1:
+        ap.error(f"--repeats must be at least 1, got {args.repeats}; e.g. --repeats 5")
     batches = args.batches or (12 if args.quick else 40)
     epochs = args.epochs or (3 if args.quick else 4)
+    repeats = args.repeats or (2 if args.quick else 5)
     targets = args.target_ms or ([20.0] if args.quick else [20.0, 10.0])
     if min(targets) <= 0:
         ap.error("--target-ms must be positive, e.g. --target-ms 20")
     start = time.perf_counter()
     groups = (1,) if args.quick else GROUPS
-    rows = [measure(t, batches, epochs, args.batch_size, groups) for t in targets]
+    rows = [measure(t, batches, epochs, args.batch_size, groups, repeats) for t in targets]
     main_row = rows[0]
     out = {
-        "speedup_vs_sequential": main_row["speedup_vs_sequential"],
-        "ratio_vs_bp_threads": main_row["ratio_vs_bp_threads"],
-        "ratio_vs_torch_gpipe": main_row["ratio_vs_torch_gpipe"],
-        "hop_overhead_ms": main_row["hop_overhead_ms"],
-        "stage_utilisation": main_row["stage_utilisation"],
+        **{key: main_row[key] for key in HEADLINE},
         "cases": rows,
         "settings": {
             "stages": K,
@@ -230,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
             "batch_size": args.batch_size,
             "batches_per_epoch": batches,
             "epochs": epochs,
+            "repeats": repeats,
             "window": 4,
             "packets_per_call_tried": list(groups),
             "inline_kb": RunConfig().runtime.inline_kb,

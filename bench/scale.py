@@ -1,8 +1,11 @@
 """How the Ray pipeline scales with the size of a block and the number of stages, and a cost model from it.
 
 For MLP blocks of about 0.1 M to 100 M parameters each (DASCPL on Fashion-MNIST) and K stages (one actor
-each, on this machine's cores), one run per cell, two epochs (the second is reported; a checkpoint after
-every epoch):
+each, on this machine's cores), two epochs per run (the second is reported; a checkpoint after every epoch).
+Every cell runs --repeats times, interleaved: each repeat measures the link, then runs every cell once, starting
+one cell later than the repeat before; each figure and ratio below is reported as its median over the repeats
+with its spread [min-max] and n, and the JSON keeps every repeat's raw row ("runs") beside the summary
+("spread"). Per cell:
 
 - training, evaluation and checkpoint seconds of the epoch; the evaluation's bytes (activations between the
   stages, probabilities back) against the bytes of the weights (what gathering the net would move);
@@ -10,14 +13,16 @@ every epoch):
 - the cost model (growpipe.costmodel) from step times `growpipe partition` profiles in one process, a hop
   cost and a bandwidth measured between two actors, and this machine's cores: predicted against measured
   training epochs, as profiled and with the slowdown a step shows in the pipeline measured on the K = 2 run
-  of the same width (that run is the calibration; the others check it); and its prediction for K = 16-64
+  of the same width in the same repeat (that run is the calibration; the others check it); and its prediction
+  (from the medians) for K = 16-64
   stages on a described cluster (--cluster FILE: YAML with step_ms, packet_mb, hop_ms, mb_per_s, parallel,
   slowdown; default: one device per stage like this machine's core);
-- real early exit in one process on a trained DASCPL net: measured time per sample at thresholds 1.0, 0.999,
-  0.99, 0.9 and 0.7 against the MACs the accounting says each saves.
+- real early exit in one process on a trained DASCPL net (trained once): measured time per sample at thresholds
+  1.0, 0.999, 0.99, 0.9 and 0.7 against the MACs the accounting says each saves, the thresholds timed --repeats
+  times, interleaved the same way.
 
-    .venv/bin/growpipe bench scale --json-out bench/out/scale.json
-    .venv/bin/growpipe bench scale --quick
+    .venv/bin/growpipe bench scale --json-out bench/out/scale.json      # 5 repeats
+    .venv/bin/growpipe bench scale --quick                              # one tiny cell, 2 repeats
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
+from repeats import format_spread, median_figures, rotation, spread, summarize  # noqa: E402
+
 from growpipe.api import train  # noqa: E402
 from growpipe.config import RunConfig, build_config  # noqa: E402
 from growpipe.costmodel import Hardware, epoch_seconds, predict, relative_error  # noqa: E402
@@ -49,6 +56,12 @@ from growpipe.partition import plan_partition  # noqa: E402
 BATCH = 64
 THRESHOLDS = (1.0, 0.999, 0.99, 0.9, 0.7)
 """Where real early exit is timed: the full path (1.0), thresholds that lose little, and the issue's 0.9, 0.7."""
+FIGURES = ("train_seconds", "eval_seconds", "checkpoint_seconds", "eval_plus_checkpoint_share", "stage0_peak_rss_mb",
+           "predicted_train_seconds", "model_error", "slowdown", "calibrated_train_seconds", "calibrated_error",
+           "wall_seconds", "test_accuracy")  # fmt: skip
+"""A cell's figures and ratios summarised over the repeats (median, [min-max], n)."""
+EXIT_FIGURES = ("time_saved", "us_per_sample", "time_over_macs")
+"""The early-exit timings summarised over the repeats (accuracy, depth and MACs are the same in every repeat)."""
 
 
 def width_for(params: float) -> int:
@@ -169,6 +182,7 @@ def one_cell(width: int, stages: int, batches: int, cores: int, link: tuple[floa
         "weights_mb": round(weights_mb(width, stages, INPUTS[data]), 1),
         "train_activations_mb_per_epoch": round(sum(s["sent_mb"] for s in stages_rows) / len(result["history"]), 2),
         "peak_rss_mb": [s["peak_rss_mb"] for s in stages_rows],
+        "stage0_peak_rss_mb": stages_rows[0]["peak_rss_mb"],
         "profiled_step_ms": profile["predicted_stage_ms"],
         "predicted_train_seconds": round(predicted, 3),
         "model_error": round(relative_error(predicted, epoch), 4),
@@ -190,9 +204,37 @@ def _line(row: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
-def early_exit_timing(quick: bool) -> list[dict[str, Any]]:
-    """A DASCPL net trained in one process; real early exit at 1.0 (the full path), 0.9 and 0.7: measured
-    seconds per sample against the MACs the accounting gives for the same exits."""
+def _spread_line(cell: dict[str, Any]) -> str:
+    """A cell's medians and [min-max] over the repeats, one line."""
+    s = cell["spread"]
+    calibrated = "calibration" if s["calibrated_error"] is None else format_spread(s["calibrated_error"])
+    return (f"w={cell['width']:>6} K={cell['stages']}: train s {format_spread(s['train_seconds'])}, eval+ckpt share "
+            f"{format_spread(s['eval_plus_checkpoint_share'])}, model off {format_spread(s['model_error'])}, "
+            f"calibrated off {calibrated}, stage 0 RSS MB {format_spread(s['stage0_peak_rss_mb'], 0)}, "
+            f"n {s['train_seconds']['n']}")  # fmt: skip
+
+
+def summarize_cell(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One cell over the repeats: the medians of its figures (lists and dicts element by element), their spreads
+    ("spread"), every repeat's raw row ("runs")."""
+    return {**median_figures(runs), "repeats": len(runs), "spread": summarize(runs, FIGURES), "runs": runs}
+
+
+def _exit_row(th: float, m: dict[str, Any], full: float) -> dict[str, Any]:
+    return {
+        "threshold": th, "accuracy": round(m["accuracy"], 4), "points_lost": round(100 * (full - m["accuracy"]), 2),
+        "mean_depth": round(m["mean_depth"], 3), "time_saved": round(m["time_saved_fraction"], 4),
+        "macs_saved": round(m["macs_saved_fraction"], 4),
+        "time_over_macs": round(m["time_saved_fraction"] / m["macs_saved_fraction"], 3)
+        if m["macs_saved_fraction"] > 0 else None,
+        "us_per_sample": round(1e6 * m["seconds_per_sample"], 2),
+    }  # fmt: skip
+
+
+def early_exit_timing(quick: bool, repeats: int) -> list[dict[str, Any]]:
+    """A DASCPL net trained once in one process; real early exit at each threshold (1.0: the full path), timed
+    `repeats` times with the thresholds interleaved: measured seconds per sample against the MACs the accounting
+    gives for the same exits, medians with their spreads."""
     from growpipe.data import load_data
     from growpipe.evaluation import measure_early_exit
     from growpipe.local import train_local
@@ -208,23 +250,19 @@ def early_exit_timing(quick: bool) -> list[dict[str, Any]]:
     run = train_local(cfg, progress=None)
     bundle = run.bundle or load_data(cfg.data, cfg.seed)
     full = run.result["test_accuracy"]
-    rows = []
-    for th in THRESHOLDS:
-        m = measure_early_exit(run.net, bundle, cfg.eval, th)
-        rows.append({
-            "threshold": th, "accuracy": round(m["accuracy"], 4), "points_lost": round(100 * (full - m["accuracy"]), 2),
-            "mean_depth": round(m["mean_depth"], 3), "time_saved": round(m["time_saved_fraction"], 4),
-            "macs_saved": round(m["macs_saved_fraction"], 4),
-            "time_over_macs": round(m["time_saved_fraction"] / m["macs_saved_fraction"], 3)
-            if m["macs_saved_fraction"] > 0 else None,
-            "us_per_sample": round(1e6 * m["seconds_per_sample"], 2),
-        })  # fmt: skip
-    return rows
+    runs: dict[float, list[dict[str, Any]]] = {th: [] for th in THRESHOLDS}
+    for r in range(repeats):
+        for th in rotation(THRESHOLDS, r):
+            runs[th].append(_exit_row(th, measure_early_exit(run.net, bundle, cfg.eval, th), full))
+    return [{**median_figures(rs), "spread": summarize(rs, EXIT_FIGURES), "runs": rs} for rs in runs.values()]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="one tiny digits cell (K = 2), a tiny early-exit net")
+    ap.add_argument("--quick", action="store_true",
+                    help="one tiny digits cell (K = 2), a tiny early-exit net, 2 repeats")  # fmt: skip
+    ap.add_argument("--repeats", type=int,
+                    help="runs of each cell, interleaved: medians and [min-max] (default 2 quick, 5 full)")  # fmt: skip
     ap.add_argument("--params", default="1e5,1e6,1e7", help="parameters per block of the K sweep (comma-separated)")
     ap.add_argument("--stages", default="2,4,8", help="K values of the sweep")
     ap.add_argument("--largest", type=float, default=1e8, help="one more cell at this size with K = 2 (0: none)")
@@ -241,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cluster", metavar="YAML", help="the cluster to predict K = 16-64 for (see the docstring)")
     ap.add_argument("--json-out", metavar="FILE", help="write the figures as JSON")
     args = ap.parse_args(argv)
+    if args.repeats is not None and args.repeats < 1:
+        ap.error(f"--repeats must be at least 1, got {args.repeats}; e.g. --repeats 5")
+    repeats = args.repeats or (2 if args.quick else 5)
     cores = os.cpu_count() or 1
     sizes = [float(p) for p in args.params.split(",") if p.strip()]
     cells = [(width_for(p), int(k)) for p in sizes for k in args.stages.split(",")]
@@ -253,28 +294,35 @@ def main(argv: list[str] | None = None) -> int:
     if owns:
         ray.init(num_cpus=max(8, *(k for _, k in cells)), include_dashboard=False, log_to_driver=False)
     try:
-        link = measure_link((0.0001, 1.0) if args.quick else (0.0001, 1.0, 8.0, 32.0), 3 if args.quick else 9)
-        print(f"link: {link[0]:.2f} ms per call, {link[1]:.0f} MiB/s; {cores} cores")
-        rows = []
+        links: list[tuple[float, float]] = []
+        runs: list[list[dict[str, Any]]] = [[] for _ in cells]
         with tempfile.TemporaryDirectory(prefix="growpipe-scale-") as tmp:
-            for width, k in cells:
-                data = "digits" if args.quick else "fashion-mnist"
-                if args.largest and width == width_for(args.largest):
-                    row = one_cell(width, k, args.largest_batches, cores, link, tmp, data,
-                                   args.largest_test or None, args.largest_epochs)  # fmt: skip
-                else:
-                    row = one_cell(width, k, batches, cores, link, tmp, data)
-                rows.append(row)
-                print(_line(row), flush=True)
-        calibrate(rows, link)
-        for r in rows:
-            check = "calibration" if r["calibrated_error"] is None else f"{100 * r['calibrated_error']:.0f}% off"
-            print(
-                f"w={r['width']:>6} K={r['stages']}: slowdown {r['slowdown']:.2f}, calibrated model "
-                f"{r['calibrated_train_seconds']:.2f}s vs {r['train_seconds']:.2f}s measured ({check})"
-            )
+            for r in range(repeats):
+                link = measure_link((0.0001, 1.0) if args.quick else (0.0001, 1.0, 8.0, 32.0), 3 if args.quick else 9)
+                links.append(link)
+                print(f"repeat {r + 1}/{repeats}: link {link[0]:.2f} ms per call, {link[1]:.0f} MiB/s; {cores} cores")
+                rows = []
+                for i in rotation(range(len(cells)), r):
+                    width, k = cells[i]
+                    data = "digits" if args.quick else "fashion-mnist"
+                    if args.largest and width == width_for(args.largest):
+                        row = one_cell(width, k, args.largest_batches, cores, link, tmp, data,
+                                       args.largest_test or None, args.largest_epochs)  # fmt: skip
+                    else:
+                        row = one_cell(width, k, batches, cores, link, tmp, data)
+                    runs[i].append(row)
+                    rows.append(row)
+                    print(_line(row), flush=True)
+                calibrate(rows, link)  # on this repeat's own runs and link
+        hop, mb_per_s = spread(h for h, _ in links), spread(m for _, m in links)
+        link = (hop["median"], mb_per_s["median"]) if hop and mb_per_s else link
+        cells_out = [summarize_cell(rs) for rs in runs]
+        print(f"median of {repeats} repeat(s) [min-max]: link {format_spread(hop)} ms per call, "
+              f"{format_spread(mb_per_s, 0)} MiB/s")  # fmt: skip
+        for c in cells_out:
+            print(_spread_line(c))
         cluster = yaml.safe_load(Path(args.cluster).read_text()) if args.cluster else None
-        mid = [r for r in rows if r["stages"] == max(r2["stages"] for r2 in rows)] or rows
+        mid = [c for c in cells_out if c["stages"] == max(c2["stages"] for c2 in cells_out)] or cells_out
         base = mid[0]
         described = cluster or {"step_ms": statistics.median(base["profiled_step_ms"]), "packet_mb":
                                 packet_mb(base["width"]), "hop_ms": link[0], "mb_per_s": link[1]}  # fmt: skip
@@ -284,15 +332,18 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if owns:
             ray.shutdown()
-    exits = early_exit_timing(args.quick) if args.early_exit else []
+    exits = early_exit_timing(args.quick, repeats) if args.early_exit else []
     for e in exits:
+        s = e["spread"]
         print(
             f"early exit at {e['threshold']}: accuracy {e['accuracy']} ({-e['points_lost']:+.2f} points against the "
-            f"full path), mean depth "
-            f"{e['mean_depth']}, time saved {100 * e['time_saved']:.1f}% vs MACs saved {100 * e['macs_saved']:.1f}%"
+            f"full path), mean depth {e['mean_depth']}, time saved {format_spread(s['time_saved'], 3)} vs MACs "
+            f"saved {e['macs_saved']:.3f}, {format_spread(s['us_per_sample'], 1)} us/sample"
         )
-    out = {"cores": cores, "link": {"hop_ms": link[0], "mb_per_s": link[1]}, "cells": rows,
-           "cluster": described, "forecast": forecast, "early_exit": exits}  # fmt: skip
+    out = {"cores": cores, "repeats": repeats,
+           "link": {"hop_ms": link[0], "mb_per_s": link[1], "spread": {"hop_ms": hop, "mb_per_s": mb_per_s},
+                    "runs": [{"hop_ms": h, "mb_per_s": m} for h, m in links]},
+           "cells": cells_out, "cluster": described, "forecast": forecast, "early_exit": exits}  # fmt: skip
     if args.json_out:
         print(f"JSON: {atomic_write_json(args.json_out, out)}")
     return 0

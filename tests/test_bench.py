@@ -66,17 +66,59 @@ def test_lstm_pooling_diagnosis_runs_its_cases(tmp_path: Path, text_dir: Path):
     assert -1 <= row["mean_pairwise_cosine"] <= 1 and len(row["supcon_per_epoch"]) == 1
 
 
+def _check_spread(summary: dict, n: int) -> None:
+    """Every summarised figure: min <= median <= max over n repeats."""
+    assert summary and all(s["n"] == n and s["min"] <= s["median"] <= s["max"] for s in summary.values()), summary
+
+
 @pytest.mark.usefixtures("ray_session")
-def test_pipeline_benchmark_quick_writes_every_key(tmp_path: Path):
+def test_pipeline_benchmark_quick_writes_every_key_with_medians_and_spreads(tmp_path: Path):
     out = tmp_path / "pipeline.json"
-    _run_bench("pipeline", ["--quick", "--batches", "6", "--target-ms", "3", "--json-out", str(out)])
+    _run_bench("pipeline", ["--quick", "--batches", "6", "--epochs", "2", "--target-ms", "3", "--repeats", "2",
+                            "--json-out", str(out)])  # fmt: skip
     r = json.loads(out.read_text())
     for key in ("speedup_vs_sequential", "ratio_vs_bp_threads", "ratio_vs_torch_gpipe", "hop_overhead_ms",
-                "stage_utilisation", "settings"):  # fmt: skip
+                "stage_utilisation", "spread", "settings"):  # fmt: skip
         assert key in r
-    assert len(r["stage_utilisation"]) == 2 and r["settings"]["stages"] == 2
-    assert all(v > 0 for v in r["cases"][0]["samples_per_second"].values())
-    assert r["cases"][0]["target_step_ms"] == 3
+    assert len(r["stage_utilisation"]) == 2 and r["settings"]["stages"] == 2 and r["settings"]["repeats"] == 2
+    (case,) = r["cases"]
+    assert all(v > 0 for v in case["samples_per_second"].values()) and case["target_step_ms"] == 3
+    arms = ["sequential", "bp_threads", "growpipe_ray_1", "torch_gpipe"]
+    assert [run["order"] for run in case["runs"]] == [arms, arms[1:] + arms[:1]]  # interleaved, rotated
+    _check_spread(case["spread"], 2)
+    assert set(case["spread"]) >= {*arms, "speedup_vs_sequential", "ratio_vs_bp_threads", "ratio_vs_torch_gpipe"}
+    for run in case["runs"]:  # each repeat's ratios come from that repeat's own figures
+        assert run["speedup_vs_sequential"] == run["growpipe_ray"] / run["sequential"]
+        assert run["ratio_vs_torch_gpipe"] == run["growpipe_ray"] / run["torch_gpipe"]
+    ratios = sorted(run["ratio_vs_bp_threads"] for run in case["runs"])
+    assert case["spread"]["ratio_vs_bp_threads"] == {"median": sum(ratios) / 2, "min": ratios[0], "max": ratios[1],
+                                                     "n": 2}  # fmt: skip
+    assert r["speedup_vs_sequential"] == case["spread"]["speedup_vs_sequential"]["median"] == r["spread"][
+        "speedup_vs_sequential"]["median"]  # fmt: skip
+
+
+@pytest.mark.parametrize("bench", ["pipeline", "scale"])
+def test_pipeline_and_scale_refuse_a_repeat_count_below_one(bench: str, capsys):
+    with pytest.raises(SystemExit) as e:
+        _bench_module(bench).main(["--quick", "--repeats", "0"])
+    assert e.value.code == 2 and "--repeats must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_repeats_rotates_the_arms_and_summarises_median_and_spread():
+    rep = _bench_module("repeats")
+    assert [rep.rotation("abc", r) for r in range(4)] == [list("abc"), list("bca"), list("cab"), list("abc")]
+    assert rep.spread([3.0, None, 1.0, 2.0, 10.0]) == {"median": 2.5, "min": 1.0, "max": 10.0, "n": 4}
+    assert rep.spread([None]) is None and rep.format_spread(None) == "-"
+    runs = [{"w": 8, "t": 2.0, "rss": [1, 5], "mb": {"a": 1.0}, "e": None},
+            {"w": 8, "t": 4.0, "rss": [3, 7], "mb": {"a": 3.0}, "e": None},
+            {"w": 8, "t": 9.0, "rss": [2, 6], "mb": {"a": 2.0}, "e": None}]  # fmt: skip
+    assert rep.median_figures(runs) == {"w": 8, "t": 4.0, "rss": [2, 6], "mb": {"a": 2.0}, "e": None}
+    summary = rep.summarize(runs, ["t", "e"])
+    assert summary == {"t": {"median": 4.0, "min": 2.0, "max": 9.0, "n": 3}, "e": None}
+    assert rep.format_spread(summary["t"], 1) == "4.0 [2.0-9.0]" and rep.median_figures(runs[:2])["w"] == 8
+    assert rep.format_spread(rep.spread([-0.5, 0.25]), 1) == "-0.1 [-0.5 to 0.2]"
+    table = rep.spread_table(summary, [("t", "train s", 1), ("e", "error", 2)]).splitlines()
+    assert table[1].split() == ["train", "s", "4.0", "[2.0-9.0]", "3"] and table[2].split() == ["error", "-", "0"]
 
 
 @pytest.mark.usefixtures("ray_session")
@@ -232,13 +274,20 @@ def test_precision_benchmark_quick_trains_each_rule_in_both_precisions(tmp_path:
 @pytest.mark.usefixtures("ray_session")
 def test_scale_benchmark_quick_measures_a_cell_the_model_and_early_exit(tmp_path: Path):
     out = tmp_path / "scale.json"
-    assert _bench_module("scale").main(["--quick", "--json-out", str(out)]) == 0
+    assert _bench_module("scale").main(["--quick", "--repeats", "2", "--json-out", str(out)]) == 0
     result = json.loads(out.read_text())
     (cell,) = result["cells"]
     assert cell["stages"] == 2 and cell["train_seconds"] > 0 and cell["predicted_train_seconds"] > 0
     assert cell["eval_bytes_mb"]["results"] > 0 and len(cell["peak_rss_mb"]) == 2
+    assert cell["repeats"] == len(cell["runs"]) == 2 and cell["spread"]["calibrated_error"] is None  # its own base
+    _check_spread({k: s for k, s in cell["spread"].items() if s is not None}, 2)
+    assert cell["train_seconds"] == cell["spread"]["train_seconds"]["median"] > 0
+    _check_spread(result["link"]["spread"], 2)
     assert [f["stages"] for f in result["forecast"]] == [16, 32, 64]
     assert [e["threshold"] for e in result["early_exit"]] == [1.0, 0.999, 0.99, 0.9, 0.7]
+    for e in result["early_exit"]:
+        assert len(e["runs"]) == 2 and e["spread"]["us_per_sample"]["n"] == 2
+        assert e["us_per_sample"] == e["spread"]["us_per_sample"]["median"]
 
 
 @pytest.mark.usefixtures("ray_session")
@@ -340,10 +389,22 @@ def test_grow_vs_scratch_quick_compares_each_grown_arm_with_scratch(tmp_path: Pa
                                    str(out)])  # fmt: skip
     r = json.loads(out.read_text())
     assert r["settings"]["decay"] == "cosine"
-    assert sorted(row["arm"] for row in r["rows"]) == ["grown-all", "grown-frozen"]
+    assert sorted(row["arm"] for row in r["rows"]) == ["grown-all", "grown-frozen", "grown-joint"]
     assert all(row["init"] == "preserve" and row["largest_drop_at_growth"] == 0 for row in r["rows"]), r["rows"]
-    assert all(len(run["points"]) == 2 and run["points"][-1][1] > run["points"][0][1] > 0 for run in r["runs"])
+    assert all(run["points"][-1][1] > run["points"][0][1] > 0 for run in r["runs"])
+    # grown-joint's joint epoch comes after the 2 others, its cost counted
+    assert {run["arm"]: len(run["points"]) for run in r["runs"]} == {"scratch": 2, "grown-frozen": 2, "grown-all": 2,
+                                                                     "grown-joint": 3}  # fmt: skip
     assert Path(r["plots"][0]).read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_checkpoint_cost_quick_measures_each_arm_outside_training(tmp_path: Path):
+    out = tmp_path / "cc.json"
+    _run_bench("checkpoint_cost", ["--quick", "--arms", "async,off", "--json-out", str(out)])
+    r = json.loads(out.read_text())
+    assert set(r["arms"]) == {"async", "off"} and len(r["runs"]["async"][0]["epochs"]) == 2
+    assert r["arms"]["off"]["checkpoint_seconds"] == 0 and r["arms"]["async"]["outside_share"] > 0
 
 
 def test_grow_vs_scratch_counts_a_cached_prefix_once():
@@ -356,6 +417,8 @@ def test_grow_vs_scratch_counts_a_cached_prefix_once():
     assert gvs.block_macs([5, 12]) == [5, 7]
     assert gvs.training_macs(history, [], [5, 7]) == [150, 150 + 210 + 50, 150 + 2 * 260]
     assert gvs.training_macs(history, [{"block": 1, "epoch": 1}], [5, 7]) == [200, 410, 620]
+    joint = [*history, {**row, "epoch": 4, "blocks": 2, "training": 2}]  # grow.joint: every block trains again
+    assert gvs.training_macs(joint, [{"block": 1, "epoch": 1}], [5, 7])[-1] == 620 + 360
     assert gvs.first_reach([(1.0, 10.0, 0.5), (2.0, 20.0, 0.9)], 0.8) == (2.0, 20.0)
 
 

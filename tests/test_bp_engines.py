@@ -1,7 +1,7 @@
 """Method bp on 1F1B and on Ray Train DDP goes through the same run loop as GPipe: a planned growth (the earlier
-blocks frozen), restore points, a resume from the one written at the growth, and (DDP) a worker process lost
-mid-epoch that Ray Train replaces from its own checkpoint; each run ends with the weights of an undisturbed
-one."""
+blocks frozen), a joint epoch (every block thawed: grow.joint), restore points, a resume from the one written at
+the growth, and (DDP) a worker process lost mid-epoch that Ray Train replaces from its own checkpoint; each run
+ends with the weights of an undisturbed one."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def _base(name: str, schedule: str) -> dict:
         "data": {"limit_train": 256, "batch_size": 64},
         "runtime": {"engine": schedule, "timeline_epoch": 0},
         **({"ddp": {"workers": 2}} if schedule == "ddp" else {"bp_pipeline": {"micro_batches": 2}}),
-        "grow": {"schedule": [{"kind": "layer", "epochs": 1}]},
+        "grow": {"schedule": [{"kind": "layer", "epochs": 1}], "joint": {"epochs": 1, "lr_factor": 0.5}},
         # each block warms up and decays on its own steps: restored with them after a loss and a resume
         "train": {"epochs": 1, "lr_schedule": {"warmup_steps": 2, "decay": "linear", "decay_steps": 4}},
     }
@@ -40,9 +40,10 @@ def test_bp_engine_grows_recovers_and_resumes_to_the_same_weights(tmp_path: Path
     grown = train(tiny_config(**_base(name, schedule), checkpoint=ckpt), progress=lines.append, keep_net=True)
     r = grown.result
     assert died.exists() and r["blocks"] == 3 and r["growth"][0]["blocks"] == 3 and r["frozen_unchanged"] is True
-    assert [h["epoch"] for h in r["history"]] == [1, 2]
-    if schedule == "ddp":  # Ray Train replaced the worker from its own checkpoint: the loop saw nothing
-        assert r["runtime"] == "ray-train-ddp" and r["restarts"] == 0 and r["trainers"] == 2, "\n".join(lines)
+    assert [h["epoch"] for h in r["history"]] == [1, 2, 3] and r["joint"]["thawed"] == [0, 1]
+    if schedule == "ddp":  # Ray Train replaced the worker from its own checkpoint: the loop saw nothing (a
+        # trainer for the first blocks, one for the grown net, one for the joint epoch)
+        assert r["runtime"] == "ray-train-ddp" and r["restarts"] == 0 and r["trainers"] == 3, "\n".join(lines)
         assert Path(r["ray_train_storage"]).is_dir()  # Ray Train's own checkpoints, beside the run's
     else:  # the loop replaced the stage and went on from its newest checkpoint
         assert r["restarts"] == 1 and any(line.startswith("recover ") for line in lines), "\n".join(lines)
@@ -53,6 +54,7 @@ def test_bp_engine_grows_recovers_and_resumes_to_the_same_weights(tmp_path: Path
     resumed = train(tiny_config(**_base(name, schedule), checkpoint=ckpt), progress=lines.append, keep_net=True,
                     resume=at_growth.path)  # fmt: skip
     assert any(line.startswith(f"resume {at_growth.path}: epoch 1, batch 0, 3 blocks") for line in lines), lines
-    assert [h["epoch"] for h in resumed.result["history"]] == [1, 2]
-    assert resumed.result["history"][1]["loss"] == pytest.approx(r["history"][1]["loss"], abs=1e-6)
+    assert [h["epoch"] for h in resumed.result["history"]] == [1, 2, 3]
+    for i in (1, 2):  # the grown epoch, then the joint one
+        assert resumed.result["history"][i]["loss"] == pytest.approx(r["history"][i]["loss"], abs=1e-6)
     assert_same_weights(grown.net, resumed.net, atol=1e-6)

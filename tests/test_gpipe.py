@@ -24,10 +24,11 @@ def test_micro_batches_cover_the_batch_and_bad_configs_are_refused():
 @pytest.mark.usefixtures("mlflow_db")  # an empty store at tmp_path/mlflow.db
 def test_gpipe_grows_checkpoints_and_resumes_like_single_process_bp(tmp_path):
     """Method bp on the stage actors goes through the same run loop: a planned growth (the earlier stages
-    frozen), restore points, MLflow, and a resume from the one written at the growth end, each with the
-    reference's losses and weights. 64 samples go into micro-batches of 22, 21 and 21: unequal shares. Each
-    stage clips its block's gradients (train.grad_clip; some steps' norms pass 0.2) and warms its rate up on its
-    block's own steps (train.lr_schedule) as the reference does."""
+    frozen), a joint epoch (every stage learning again, at half the rate: grow.joint), restore points, MLflow, and
+    a resume from the one written at the growth end, each with the reference's losses and weights. 64 samples go
+    into micro-batches of 22, 21 and 21: unequal shares. Each stage clips its block's gradients (train.grad_clip;
+    some steps' norms pass 0.2) and warms its rate up on its block's own steps (train.lr_schedule) as the
+    reference does."""
     from mlflow.tracking import MlflowClient
 
     from growpipe.checkpoint import CheckpointStore
@@ -36,7 +37,8 @@ def test_gpipe_grows_checkpoints_and_resumes_like_single_process_bp(tmp_path):
             "train": {"epochs": 1, "grad_clip": 0.2, "lr_schedule": {"warmup_steps": 3}},
             "data": {"limit_train": 256, "batch_size": 64},
             "bp_pipeline": {"micro_batches": 3},
-            "grow": {"schedule": [{"kind": "layer", "epochs": 1}]}}  # fmt: skip
+            "grow": {"schedule": [{"kind": "layer", "epochs": 1}],
+                     "joint": {"epochs": 1, "lr_factor": 0.5}}}  # fmt: skip
     reference = train_local(tiny_config(**base), progress=None)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracking = {"mlflow": True, "uri": uri, "experiment": "tests", "workdir": str(tmp_path), "log_model": False,
@@ -53,7 +55,7 @@ def test_gpipe_grows_checkpoints_and_resumes_like_single_process_bp(tmp_path):
     (run,) = client.search_runs([client.get_experiment_by_name("tests").experiment_id])
     assert run.info.status == "FINISHED" and run.data.metrics["final.test_accuracy"] == grown.result["test_accuracy"]
     assert grown.result["blocks"] == 3 and grown.result["growth"][0]["blocks"] == 3
-    assert grown.result["frozen_unchanged"] is True
+    assert grown.result["frozen_unchanged"] is True and grown.result["joint"]["thawed"] == [0, 1]
     for ours, theirs in zip(grown.result["history"], reference.history, strict=True):
         assert ours["loss"] == pytest.approx(theirs["loss"], abs=1e-5)
     assert grown.result["test_accuracy"] == pytest.approx(reference.summary()["test_accuracy"], abs=1e-9)
@@ -64,5 +66,5 @@ def test_gpipe_grows_checkpoints_and_resumes_like_single_process_bp(tmp_path):
     untracked = tiny_config(**base, checkpoint={"enabled": True, "uri": str(tmp_path), "keep": 5})
     resumed = train(untracked, progress=lines.append, keep_net=True, resume=at_growth.path)
     assert any(line.startswith(f"resume {at_growth.path}: epoch 1, batch 0, 3 blocks") for line in lines)
-    assert [h["epoch"] for h in resumed.result["history"]] == [1, 2] and len(resumed.result["growth"]) == 1
+    assert [h["epoch"] for h in resumed.result["history"]] == [1, 2, 3] and len(resumed.result["growth"]) == 1
     assert_same_weights(reference.net, resumed.net, atol=2e-5)

@@ -4,8 +4,9 @@ A run's restore points live in a storage URI (a local path, or any pyarrow.fs UR
 URI/RUN_NAME/ckpt-EEEEEE-BBBBBBB-SSSS/ (completed epochs, next batch, sequence number). Each worker writes
 the shards of the blocks it holds (`block-K.pt`: no weights pass through the loop), then the loop writes
 `manifest.json` last under a temporary name and moves it into place: a checkpoint is complete exactly when
-its manifest exists. `growpipe train --save DIR` writes the same format with one shard (`state.pt`, every
-block). The manifest records each shard's SHA-256; loading checks it and uses torch.load(weights_only=True).
+its manifest exists; written in the background (growpipe.snapshot), one write at a time per store, and a read
+through that store waits for it. `growpipe train --save DIR` writes the same format with one shard (`state.pt`,
+every block). The manifest records each shard's SHA-256; loading checks it and uses torch.load(weights_only=True).
 Its topology holds every block's full spec (rule and architecture included): a net is rebuilt from it and
 the input description alone. Every manifest is read through one versioned reader (saved_config's
 current_manifest): an older format comes out in today's form.
@@ -25,6 +26,7 @@ import json
 import os
 import re
 import socket
+import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -42,6 +44,7 @@ from growpipe.nn.net import GrowableNet
 from growpipe.nn.specs import InputInfo
 from growpipe.outputs import write_checkpoint_dir
 from growpipe.saved_config import current_manifest, inference_rule
+from growpipe.snapshot import BackgroundWrite
 
 NAME = re.compile(r"^ckpt-(\d{6})-(\d{7})-(\d{4})$")
 SHARD_NAME = re.compile(r"^(block-\d+|state)\.pt$")
@@ -159,7 +162,13 @@ class CheckpointStore:
         self.root = f"{root.rstrip('/')}/{run_name}"
         self.protected: set[str] = set()
         """Checkpoint directories `prune` leaves however old (the best epoch's, for model selection)."""
+        self.pending: BackgroundWrite[CheckpointRef] | None = None
+        """The checkpoint written in the background through this store (the newest; it may have ended)."""
         self._said: set[str] = set()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy for a worker (its shards): without the write under way here (a thread, this process's)."""
+        return {**self.__dict__, "pending": None}
 
     # ---- writing -----------------------------------------------------------------------------------------
     def dir_for(self, epoch: int, batch: int, seq: int) -> str:
@@ -182,6 +191,27 @@ class CheckpointStore:
         self.fs.move(tmp, f"{ckpt_dir}/{MANIFEST}")
         self.prune(say)
         return CheckpointRef(ckpt_dir, manifest["epoch"], manifest["batch"], manifest["seq"])
+
+    def commit_in_background(self, ckpt_dir: str, manifest: dict[str, Any],
+                             write_shards: Callable[[], list[dict[str, Any]]], then: Callable[[CheckpointRef], None],
+                             say: Callable[[str], None] | None = None) -> BackgroundWrite[CheckpointRef]:  # fmt: skip
+        """Write checkpoint `ckpt_dir` on a thread of its own (`write_shards` returns the shard entries, then the
+        manifest is committed, then `then(ref)`), once the write under way through this store has ended."""
+        self.settle()
+
+        def job() -> CheckpointRef:
+            return self.commit(ckpt_dir, {**manifest, "shards": write_shards()}, say=say)
+
+        self.pending = BackgroundWrite(job, then, ckpt_dir.rsplit("/", 1)[-1])
+        return self.pending
+
+    def settle(self) -> None:
+        """Wait until the write under way through this store (if any) has ended, committed or not. Every read of the
+        run's checkpoints through this store (complete, latest, read_manifest) settles first: the run never
+        restores from a checkpoint a commit prunes meanwhile, nor misses one it wrote just before."""
+        pending = self.pending
+        if pending is not None and threading.current_thread() is not pending.thread:  # its report may read here
+            pending.wait()
 
     def prune(self, say: Callable[[str], None] | None = None) -> None:
         """Remove what prune_plan says: keep the newest `keep` complete checkpoints, the `protected` ones and
@@ -342,7 +372,8 @@ class CheckpointStore:
         return sorted(out, key=lambda d: d[1])
 
     def complete(self) -> list[CheckpointRef]:
-        """Complete checkpoints (their manifest exists), oldest first."""
+        """Complete checkpoints (their manifest exists), oldest first (a write under way here ended first)."""
+        self.settle()
         out = []
         for path, (epoch, batch, seq) in self._dirs():
             if self.fs.get_file_info(f"{path}/manifest.json").type == fs.FileType.File:
@@ -358,6 +389,7 @@ class CheckpointStore:
         """The manifest of a checkpoint directory in the current format's form (an older one upgraded); refused
         when damaged or of a format growpipe does not read."""
         path = ref.path if isinstance(ref, CheckpointRef) else ref
+        self.settle()
         return _read_manifest(self.fs, path)
 
     def verify(self, ckpt_dir: str, load: bool = False) -> dict[str, Any]:
@@ -415,16 +447,6 @@ def load_states(filesystem: Any, ckpt_dir: str, shards: list[dict[str, Any]], in
             read[entry["file"]] = decode_shard(data, entry, ckpt_dir)
         out.append(read[entry["file"]][str(index)])
     return out
-
-
-def copy_shards(src_fs: Any, src_dir: str, shards: list[dict[str, Any]], dst_fs: Any, dst_dir: str) -> None:
-    """Copy the shard files of `shards` from one checkpoint directory to another, byte for byte (their
-    manifest entries stay valid)."""
-    dst_fs.create_dir(dst_dir, recursive=True)
-    for entry in shards:
-        with src_fs.open_input_stream(f"{src_dir}/{entry['file']}") as src, \
-                dst_fs.open_output_stream(f"{dst_dir}/{entry['file']}") as dst:  # fmt: skip
-            dst.write(src.read())
 
 
 def run_folder_problem(store: CheckpointStore, fresh: bool, overwrite: bool) -> str | None:

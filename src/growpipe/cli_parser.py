@@ -12,7 +12,9 @@ from growpipe.version import __version__
 EPILOG = "Config: YAML validated field by field (see configs/); --set key=value overrides any field."
 # growpipe bench NAME -> the script of bench/ it runs (NAME's choices here, the script in cli_commands)
 BENCHES = {
+    "checkpoint-cost": "checkpoint_cost.py",
     "compare": "compare.py",
+    "compiled-probe": "compiled_probe.py",
     "serve": "serve.py",
     "data": "data.py",
     "elastic": "elastic.py",
@@ -211,7 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     be.add_argument("name", choices=sorted(BENCHES), help="compare: every BP schedule and local rule x dataset "
                     "x K (accuracy, samples/s, time to target, ratios); "
-                    "pipeline: Ray pipeline vs sequential, BP, torch GPipe; "
+                    "pipeline: Ray pipeline vs sequential, BP, torch GPipe; checkpoint-cost: a checkpoint per "
+                    "epoch outside training, asynchronous vs synchronous vs off; compiled-probe: Ray Compiled Graphs "
+                    "against object-ref hand-offs between stage actors (overhead, recompile seconds); "
                     "reference: accuracy and seconds/epoch per learning rule; growth: accuracy across growth, "
                     "the frozen-prefix cache, adaptive exits; elastic: a node lost and joined on a 3-raylet "
                     "cluster (seconds to shrink and to spread out, samples/s); grow-latency: a grow request's "

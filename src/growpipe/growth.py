@@ -25,6 +25,8 @@ class GrowthPlan:
         self.cfg = cfg
         self.policy = cfg.grow.policy()
         self.total_epochs = cfg.total_epochs()
+        self.growing_until = self.total_epochs - (cfg.grow.joint.epochs if cfg.grow.joint else 0)
+        """The net grows by plan or request only before this many finished epochs: grow.joint's phase follows."""
         self.last_growth_epoch = 0
         self._scheduled: dict[int, list[GrowStep]] = {}
         at = cfg.train.epochs
@@ -36,7 +38,7 @@ class GrowthPlan:
         """Steps to apply now, after `epoch` finished epochs (0: before training) at the current depth."""
         if self.policy == "schedule":  # every step, even past the limit: the loop says which it skips
             return list(self._scheduled.get(epoch, []))
-        if self.policy == "none" or epoch in (0, self.total_epochs):
+        if self.policy == "none" or epoch == 0 or epoch >= self.growing_until:
             return []
         if grow_refusal("", depth, 0, self.cfg.max_blocks()):  # the policy's growth ends at the limit
             return []
@@ -54,6 +56,10 @@ class GrowthPlan:
     def grew(self, epoch: int) -> None:
         """Note a growth (from the plan or from outside) after `epoch` finished epochs."""
         self.last_growth_epoch = epoch
+
+    def in_joint(self, epoch: int) -> bool:
+        """Whether epoch `epoch` + 1, the one to train after `epoch` finished epochs, is in grow.joint's phase."""
+        return self.cfg.grow.joint is not None and epoch >= self.growing_until
 
 
 def grow_refusal(run: str, depth: int, pending: int, limit: int) -> str | None:
@@ -131,6 +137,13 @@ class FrozenWatch:
         if not self.at_freeze:
             return None
         return all(sums.get(i) == s for i, s in self.at_freeze.items())
+
+    def thawed(self, sums: dict[int, str]) -> bool | None:
+        """The frozen blocks learn again (grow.joint): whether they stayed bit-identical until now (`unchanged`);
+        nothing is watched from here on."""
+        verdict = self.unchanged(sums)
+        self.at_freeze = {}
+        return verdict
 
 
 def growth_event(

@@ -31,6 +31,7 @@ from growpipe.nn.net import GrowableNet
 from growpipe.nn.preserve import exit_state, start_from_exit, starts_preserved
 from growpipe.nn.specs import BlockSpec, InputInfo
 from growpipe.prepare import checkpoint_store, resolve_paths, run_callbacks
+from growpipe.snapshot import cpu_copy
 
 Progress = Callable[[str], None]
 
@@ -87,10 +88,8 @@ class LocalEngine(WithoutBundles):
                 paused_at = p.index
                 break
             t0 = time.perf_counter()
-            stats.add_losses(net.train_step(p))
+            stats.add_batch(p.batch_size, net.train_step(p))
             stats.busy_s += time.perf_counter() - t0
-            stats.samples += p.batch_size
-            stats.batches += 1
             self._position = (p.index + 1, total)
         self._position = None  # no epoch runs: no position for a progress bar to show
         return EpochPart([stats], stats.samples, paused_at)
@@ -108,6 +107,10 @@ class LocalEngine(WithoutBundles):
             net.freeze()
         net.append(new)
 
+    def thaw(self, lr_factor: float) -> None:
+        for b in self._net().blocks:
+            b.thaw(lr_factor)
+
     def evaluate(self) -> dict[str, Any]:
         assert self.bundle is not None
         return evaluate_net(self._net(), self.bundle, self.cfg.eval)
@@ -121,6 +124,11 @@ class LocalEngine(WithoutBundles):
 
     def save(self, store: CheckpointStore, ckpt_dir: str) -> list[dict[str, Any]]:
         return [store.write_shard(ckpt_dir, {b.index: b.state_dict()}, block_file(b.index)) for b in self._net().blocks]
+
+    def save_async(self, store: CheckpointStore, ckpt_dir: str) -> Callable[[], list[dict[str, Any]]]:
+        """Every block's state copied now; the answer writes the copies (on the checkpoint's own thread)."""
+        states = {b.index: cpu_copy(b.state_dict()) for b in self._net().blocks}
+        return lambda: [store.write_shard(ckpt_dir, {i: s}, block_file(i)) for i, s in states.items()]
 
     def restore(self, store: CheckpointStore, ckpt_dir: str, shards: list[dict[str, Any]]) -> None:
         net = self._net()

@@ -58,6 +58,17 @@ class PlateauSpec(Strict):
     """Smallest rise of validation accuracy that counts as an improvement."""
 
 
+class JointSpec(Strict):
+    """A short joint phase at the end of a growing run: every block learns again (the frozen ones too), at a
+    lower learning rate, for `epochs` more epochs; nothing grows in it."""
+
+    epochs: int = Field(1, ge=1)
+    """Epochs of the joint phase, after the run's other epochs (train.epochs and the schedule's)."""
+    lr_factor: float = Field(0.1, gt=0.0, le=1.0)
+    """Every block's learning rate in the joint phase, as a share of its rate before (the schedule's warm-up
+    and decay go on applying on top)."""
+
+
 class CacheSpec(Strict):
     """The frozen-prefix cache (Ray runtime): after a growth with the earlier blocks frozen, their output
     for every training sample is computed once and the new block trains from it."""
@@ -105,6 +116,9 @@ class GrowSpec(Strict):
     history's acc_just_before / acc_just_after (test) and val_just_before / val_just_after (validation). One
     more evaluation pass per growth (two mid-epoch), which a request's answer and the new block's first step
     wait for: off by default."""
+    joint: JointSpec | None = None
+    """A joint phase at the end (unfreeze every block, lower learning rate); its epochs come after all others
+    and count in the run's cost. Needs no growth policy: without one it is a lower-rate phase of every block."""
     cache: CacheSpec = CacheSpec()
     """The frozen-prefix cache (local-learning pipeline on Ray)."""
     on_no_capacity: Literal["fail", "pack"] = "fail"

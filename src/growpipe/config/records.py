@@ -59,6 +59,11 @@ class CheckpointSpec(Strict):
     """Also write one every N batches inside an epoch (0: never); the pipeline drains first."""
     keep: int = Field(2, ge=1)
     """How many complete checkpoints to keep (older ones are deleted after a new one is complete)."""
+    asynchronous: bool = True
+    """Write checkpoints in the background: the run waits only while every block's state is copied in memory,
+    the shards and then the manifest are written while training goes on (one write at a time; a restore, the
+    run's end and a run that reports each checkpoint with its epoch, a Tune trial, wait for it). false: the run
+    waits until each checkpoint is complete."""
     overwrite: bool = False
     """A new run whose name already has checkpoints here replaces them (growpipe train --overwrite); without
     it such a run is refused, so an earlier run's restore points are never lost to a new run of its name."""

@@ -162,5 +162,6 @@ class RunConfig(Strict):
         return self.net.blocks + len(self.grow.schedule)
 
     def total_epochs(self) -> int:
-        """Epochs of the whole run (with a schedule: initial + every growth step)."""
-        return self.train.epochs + sum(s.epochs for s in self.grow.schedule)
+        """Epochs of the whole run (with a schedule: initial + every growth step; then grow.joint's)."""
+        joint = self.grow.joint.epochs if self.grow.joint else 0
+        return self.train.epochs + sum(s.epochs for s in self.grow.schedule) + joint

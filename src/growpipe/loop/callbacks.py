@@ -11,6 +11,11 @@ from growpipe.report import format_epoch
 class RunCallback:
     """Every method is optional. A callback must never raise into the run: errors are its own business."""
 
+    reports_checkpoints = False
+    """True while it hands each epoch's boundary checkpoint on with the epoch's row before the next epoch trains
+    (a paced run's events: a Tune report): that checkpoint is then complete before the boundary ends, also
+    with checkpoint.asynchronous."""
+
     def on_data(self, data: dict[str, Any]) -> None:
         """The data the run reads: DataBundle.describe() (summary, name, source, rows and digest per split)."""
 
@@ -28,7 +33,8 @@ class RunCallback:
 
     def on_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """A restore point is complete: {path, epoch, batch, seq} (`epoch` finished epochs, `batch` batches
-        into the next; at an epoch's boundary the last one is written after that boundary's growth)."""
+        into the next; at an epoch's boundary the last one is written after that boundary's growth). With
+        checkpoint.asynchronous it comes from the thread that wrote it, once its manifest is in place."""
 
     def on_position(self, position: dict[str, int]) -> None:
         """Where the running epoch is ({epoch, epochs, batch, batches}), while batches run and only when the
@@ -85,6 +91,12 @@ class ProgressLog(RunCallback):
         acc = f", test accuracy {before:.4f} -> {after:.4f}" if before is not None and after is not None else ""
         self.say(f"grow   +{event['kind']} block {event['block']} ({event['family']}) -> {event['blocks']} blocks"
                  f"{where}{at}{acc}")  # fmt: skip
+
+
+def reports_checkpoints(callbacks: Sequence[RunCallback]) -> bool:
+    """Whether one of `callbacks` hands each epoch's boundary checkpoint on with its row (RunCallback's
+    reports_checkpoints)."""
+    return any(getattr(cb, "reports_checkpoints", False) for cb in callbacks)
 
 
 def wants_final_net(callback: RunCallback) -> bool:

@@ -46,8 +46,11 @@ def run_summary(cfg: RunConfig, engine: Engine, rec: RunRecord, depth: int, ev: 
         summary["stages"] = rows
         summary["hop_overhead_ms"] = hops[len(hops) // 2] if hops else None
     summary.update(engine.extras())
-    summary["frozen_unchanged"] = rec.watch.unchanged(engine.checksums())
-    summary.update(growth_skipped=rec.growth_skipped, prefix_caches=rec.caches, restarts=rec.restarts, **extra)
+    # after a joint phase: whether the frozen blocks stayed bit-identical until it thawed them
+    unchanged = rec.joint["frozen_unchanged"] if rec.joint else rec.watch.unchanged(engine.checksums())
+    summary["frozen_unchanged"] = unchanged
+    summary.update(growth_skipped=rec.growth_skipped, prefix_caches=rec.caches, restarts=rec.restarts, joint=rec.joint,
+                   **extra)  # fmt: skip
     return summary
 
 

@@ -12,7 +12,7 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from growpipe.errors import GrowpipeError
 from growpipe.loop.stats import StageStats
@@ -172,6 +172,11 @@ class Engine(Protocol):
         """Release a prepared block that will not be attached."""
         ...
 
+    def thaw(self, lr_factor: float) -> None:
+        """Every block learns from here on (grow.joint), at `lr_factor` times its learning rate (Block.thaw); a
+        prefix cache is dropped. The engine is idle (between two run_epoch calls)."""
+        ...
+
     def cache_prefix(self) -> dict[str, Any] | None:
         """Let the newest block train from stored outputs of the frozen blocks below it (None: the engine
         does not cache, or nothing to cache)."""
@@ -192,7 +197,8 @@ class Engine(Protocol):
 
     def save(self, store: CheckpointStore, ckpt_dir: str) -> list[dict[str, Any]]:
         """Write every block's state into checkpoint directory `ckpt_dir` of the loop's `store`; return the
-        manifest's shard entries ({file, sha256, blocks})."""
+        manifest's shard entries ({file, sha256, blocks}). An engine that can also write in the background
+        implements SavesInBackground (checkpoint.asynchronous)."""
         ...
 
     def layout(self) -> dict[str, Any]:
@@ -227,4 +233,16 @@ class Engine(Protocol):
 
     def stop(self) -> None:
         """Release every worker and reservation; safe to call twice."""
+        ...
+
+
+@runtime_checkable
+class SavesInBackground(Protocol):
+    """An engine whose checkpoints can be written while it trains on (every engine growpipe ships; checkpoints
+    through an engine without it are written on the loop's thread)."""
+
+    def save_async(self, store: CheckpointStore, ckpt_dir: str) -> Callable[[], list[dict[str, Any]]]:
+        """Copy every block's state as it is now (in memory) and return: the engine may train on. The answer
+        writes the copies into checkpoint directory `ckpt_dir` of `store`, or waits for the workers writing
+        them, from any thread; it returns the manifest's shard entries, as `save` does."""
         ...

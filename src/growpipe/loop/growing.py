@@ -127,6 +127,26 @@ class Growth:
         self.say(f"cache  block {k} trains from the frozen prefix's outputs ({record['where']}, computed in "
                  f"{record['seconds']:.1f}s); blocks 0-{k - 1} stop computing")  # fmt: skip
 
+    def joint_if_due(self, epoch: int) -> None:
+        """Before epoch `epoch` + 1 trains: from grow.joint's first epoch on, every block learns (the frozen ones
+        too) at a lower learning rate, from the data again (no prefix cache), and no request grows the net. Once:
+        a run restored inside the phase has blocks whose states carry it."""
+        joint = self.cfg.grow.joint
+        if joint is None or not self.plan.in_joint(epoch):
+            return
+        self.requests.close(f"run {self.run_name!r} is in its joint phase (grow.joint, epochs after "
+                            f"{self.plan.growing_until}): every block trains, the net does not grow")  # fmt: skip
+        if self.rec.joint is not None:
+            return
+        thawed = sorted(self.rec.frozen)
+        unchanged = self.rec.watch.thawed(self.engine.checksums()) if thawed else None
+        self.engine.thaw(joint.lr_factor)
+        self.rec.frozen, self.cache_due = set(), False
+        self.rec.joint = {"epoch": epoch, "lr_factor": joint.lr_factor, "thawed": thawed,
+                          "frozen_unchanged": unchanged}  # fmt: skip
+        self.say(f"joint  from epoch {epoch + 1}: every block learns at {joint.lr_factor:g}x its learning rate"
+                 + (f" (blocks {', '.join(map(str, thawed))} thawed)" if thawed else ""))  # fmt: skip
+
     def restored(self) -> None:
         """After `rec` came back from a checkpoint: the plan counts from its newest growth, and a frozen prefix
         is cached again (a restored engine holds no cache)."""

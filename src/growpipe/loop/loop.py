@@ -65,7 +65,6 @@ class RunLoop:
         self.rec = RunRecord()
         self.checkpoints = Checkpointer(cfg, store, engine, self.run_name, self.rec, self.record, self.callbacks,
                                         self.say)  # fmt: skip
-        self.timing = self.checkpoints.timing
         self.recovery = Recovery(cfg, store, self.rec, self.callbacks, self.say)
         self.state: State = Starting(resume)
         self.error: str | None = None
@@ -164,7 +163,7 @@ class RunLoop:
         parts, samples, seconds, start = list(t.parts), t.samples, t.seconds, t.start_batch
         self.feed.open = True
         while True:
-            stop_at = self.timing.next_stop(start)
+            stop_at = self.checkpoints.timing.next_stop(start)
             t0 = time.perf_counter()
             with self.requests.pausing(self) as pause, self.feed.running(t.epoch, self.plan.total_epochs):
                 part = self.engine.run_epoch(t.epoch, start, stop_at, pause)
@@ -211,7 +210,7 @@ class RunLoop:
         """After `epoch` finished epochs (0: the start): grow (planned, or a request), checkpoint, go on."""
         best = bool(self.cfg.eval.restore_best and self.store) and self.rec.note_best(epoch)
         due = self.plan.due(epoch, self.rec.history, len(self.specs))
-        left = self.plan.total_epochs - epoch
+        left = self.plan.growing_until - epoch  # epochs the net may still grow in (grow.joint's phase follows)
         self.requests.collect(wait=left == 1)  # one epoch left: a placement under way ends first, to train in it
         order = self.requests.take_prepared()  # placed during an epoch that could not pause
         waiting = not self.requests.orders.empty()
@@ -238,6 +237,7 @@ class RunLoop:
         if batch == 0 and epoch >= self.plan.total_epochs:
             return self._finish()
         nxt = Training(epoch + 1, batch)
+        self.growth.joint_if_due(epoch)  # grow.joint: every block learns from its first epoch on
         return Caching(nxt) if self.growth.cache_due else nxt
 
     def _after_restore(self, manifest: dict[str, Any]) -> State:

@@ -26,6 +26,7 @@ class RunRecord:
     samples: int = 0
     restarts: int = 0
     best: dict[str, Any] | None = None
+    joint: dict[str, Any] | None = None  # grow.joint's phase once it began: {epoch, lr_factor, thawed, ...}
     totals: dict[int, StageStats] = field(default_factory=dict)  # per stage, since this process (re)started it
 
     def add_epoch(
@@ -66,6 +67,7 @@ class RunRecord:
             "caches": self.caches,
             "restarts": self.restarts,
             "best": self.best,
+            "joint": self.joint,
         }
 
     def restore(self, manifest: dict[str, Any]) -> None:
@@ -78,4 +80,5 @@ class RunRecord:
         self.train_seconds, self.samples = manifest["train_seconds"], manifest["samples"]
         self.caches = list(manifest.get("caches", []))
         self.best = manifest.get("best")
+        self.joint = manifest.get("joint")
         self.totals = {}

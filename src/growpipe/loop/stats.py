@@ -47,6 +47,12 @@ class StageStats:
     events: list[dict[str, Any]] = field(default_factory=list)
     """Chrome-trace events, when the stage was recording."""
 
+    def add_batch(self, samples: int, metrics: dict[str, float]) -> None:
+        """Count one trained batch of `samples` samples and its losses (`add_losses`)."""
+        self.batches += 1
+        self.samples += samples
+        self.add_losses(metrics)
+
     def add_losses(self, metrics: dict[str, float]) -> None:
         """Count one batch's losses (and the blocks that skipped it)."""
         for k, v in metrics.items():

@@ -87,6 +87,8 @@ class Block:
         self.head_dim = self._head_dim()
         self.optimizers: dict[str, torch.optim.Optimizer] = {}
         self.frozen = False
+        self.lr_scale = 1.0  # grow.joint's lr_factor after a thaw
+        self._thawable: list[str] = []  # the parameters a freeze stopped (not those the net keeps fixed)
         self.device = torch.device("cpu")
         self._costs: tuple[int, int, int, int, bool, bool] | None = None
 
@@ -152,8 +154,9 @@ class Block:
         return guarded_update(losses, list(self.optimizers.values()), self.on_nonfinite, grad_clip=self.grad_clip)
 
     def set_scheduled_lr(self) -> None:
-        """Every optimizer of the block at train.lr_schedule's rate for the step it is about to take."""
-        set_scheduled_lr(self.optimizers.values(), self.steps, self.lr_schedule)
+        """Every optimizer of the block at train.lr_schedule's rate for the step it is about to take, times
+        `lr_scale` (grow.joint's lr_factor once the joint phase began)."""
+        set_scheduled_lr(self.optimizers.values(), self.steps, self.lr_schedule, self.lr_scale)
 
     @torch.no_grad()
     def forward(self, p: Packet) -> Packet:
@@ -195,17 +198,26 @@ class Block:
         return self.spec.has_exit
 
     # ---- freezing, devices, state -------------------------------------------------------------------
-    def freeze(self, keep_optimizer: bool = False) -> None:
-        """Stop learning: parameters no longer require grad, eval mode for good (BatchNorm stats fixed).
-
-        The optimizer state is dropped unless `keep_optimizer` (to un-freeze later with momentum intact).
-        """
+    def freeze(self) -> None:
+        """Stop learning: parameters no longer require grad, eval mode for good (BatchNorm stats fixed); the
+        optimizers' state (moments) is dropped."""
+        if not self.frozen:
+            self._thawable = [n for n, prm in self.modules.named_parameters() if prm.requires_grad]
         self.frozen = True
         for prm in self.modules.parameters():
             prm.requires_grad_(False)
         self.modules.eval()
-        if not keep_optimizer:
-            self.optimizers = {}
+        for opt in self.optimizers.values():
+            opt.state.clear()
+
+    def thaw(self, lr_scale: float) -> None:
+        """Learn again after a freeze (grow.joint), at `lr_scale` times the learning rate, the optimizers'
+        moments starting afresh; a parameter the net keeps fixed (net.freeze_embeddings) stays fixed."""
+        if self.frozen:
+            params = dict(self.modules.named_parameters())
+            for name in self._thawable:
+                params[name].requires_grad_(True)
+        self.frozen, self.lr_scale = False, lr_scale
 
     def to(self, device: torch.device | str) -> Block:
         """Move modules (and optimizer state) to `device`."""
@@ -225,6 +237,7 @@ class Block:
             "optimizers": {k: o.state_dict() for k, o in self.optimizers.items()},
             "frozen": self.frozen,
             "steps": self.steps,
+            "lr_scale": self.lr_scale,
         }
 
     def checksum(self) -> str:
@@ -234,8 +247,11 @@ class Block:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.modules.load_state_dict(state["modules"])
         self.steps = int(state.get("steps", 0))
+        self.lr_scale = float(state.get("lr_scale", 1.0))
         if state.get("frozen"):
             self.freeze()
+        elif self.frozen:  # a state from before the freeze, or after a thaw
+            self.thaw(self.lr_scale)
         for k, s in state.get("optimizers", {}).items():
             if k in self.optimizers:
                 opt = self.optimizers[k]

@@ -30,11 +30,13 @@ def lr_factor(step: int, spec: LRScheduleSpec) -> float:
     return 1.0 - (1.0 - spec.min_factor) * fall
 
 
-def set_scheduled_lr(optimizers: Iterable[torch.optim.Optimizer], step: int, spec: LRScheduleSpec) -> None:
-    """Set every param group's rate to its base rate times lr_factor(step) (a no-op for the flat schedule)."""
-    if spec.is_flat():
+def set_scheduled_lr(optimizers: Iterable[torch.optim.Optimizer], step: int, spec: LRScheduleSpec,
+                     scale: float = 1.0) -> None:  # fmt: skip
+    """Set every param group's rate to its base rate times lr_factor(step) times `scale` (a no-op for the flat
+    schedule at scale 1)."""
+    if spec.is_flat() and scale == 1.0:
         return
-    factor = lr_factor(step, spec)
+    factor = lr_factor(step, spec) * scale
     for opt in optimizers:
         for group in opt.param_groups:
             group["lr"] = group.setdefault(BASE_LR, group["lr"]) * factor

@@ -12,11 +12,12 @@ run's end stops the trainer before its next batch, and the next one starts from 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import ray
 
-from growpipe.checkpoint import CheckpointStore, copy_shards, write_shard_at
+from growpipe.checkpoint import CheckpointStore, write_shard_at
 from growpipe.config import RunConfig
 from growpipe.loop.engine import EpochPart, Pause, Prepared, WithoutBundles, WorkerLost
 from growpipe.loop.stats import StageStats
@@ -26,7 +27,7 @@ from growpipe.nn.net import GrowableNet
 from growpipe.nn.specs import BlockSpec, InputInfo
 from growpipe.runtime.ddp_net import assemble, describe_data, measure_net
 from growpipe.runtime.ddp_trainer import Trainer, remove_folders
-from growpipe.runtime.stage_base import cpu_copy
+from growpipe.snapshot import copy_later, cpu_copy
 
 
 class DDPEngine(WithoutBundles):
@@ -44,6 +45,7 @@ class DDPEngine(WithoutBundles):
         self.info: InputInfo | None = None
         self.layers: list[dict[str, Any]] = []
         self.frozen = 0  # blocks frozen by growth (a block's state carries its own flag too)
+        self.thawed: float | None = None  # grow.joint's lr_factor once every block learns again
         self.at: dict[str, Any] | None = None  # the checkpoint {fs, path, shards} the loop stands on; None: fresh
         self.exact = True  # `at` holds every block as it is (after a growth: not the new one, nor frozen flags)
         self.eval: dict[str, Any] | None = None  # the evaluation reported with the part `at` came from
@@ -62,7 +64,7 @@ class DDPEngine(WithoutBundles):
             self._end()
             self.trainers += 1
             config = {"cfg": self.config, "topology": self.layers, "frozen": self.frozen, "start": self.at,
-                      "position": (epoch, batch)}  # fmt: skip
+                      "position": (epoch, batch), "thaw": self.thawed}  # fmt: skip
             self.trainer = Trainer(self.cfg, self.storage, f"{self.attempt}-{self.trainers}", config)
         return self.trainer
 
@@ -74,9 +76,9 @@ class DDPEngine(WithoutBundles):
     def _states(self) -> list[dict[str, Any]]:
         """Every block's state as it is now, built once per change (a growth asks for its checksums, then saves)."""
         assert self.info is not None
-        key = (self.at, self.layers, self.frozen)
+        key = (self.at, self.layers, self.frozen, self.thawed)
         if self._built is None or self._built[0] != key:
-            blocks = assemble(self.cfg, self.info, self.layers, self.frozen, self.at)
+            blocks = assemble(self.cfg, self.info, self.layers, self.frozen, self.at, thaw=self.thawed)
             self._built = (key, [cpu_copy(b.state_dict()) for b in blocks])
         return self._built[1]
 
@@ -117,6 +119,10 @@ class DDPEngine(WithoutBundles):
         self.layers = [*self.layers, block.spec.to_dict()]
         self.exact, self.eval = False, None
 
+    def thaw(self, lr_factor: float) -> None:  # the next trainer thaws every block it loads (their states then too)
+        self._end()
+        self.frozen, self.thawed, self.exact = 0, lr_factor, False
+
     def evaluate(self) -> dict[str, Any]:
         if self.eval is None or not self.exact:
             self.eval = ray.get(measure_net.remote(self.config, self.layers, self.frozen, self.at))
@@ -129,18 +135,22 @@ class DDPEngine(WithoutBundles):
         return {int(t["index"]): checksum_of(s["modules"]) for t, s in zip(self.layers, self._states(), strict=True)}
 
     def save(self, store: CheckpointStore, ckpt_dir: str) -> list[dict[str, Any]]:
-        """The part's shards copied into `ckpt_dir` (written from here after a growth, or at the start: fresh)."""
+        return self.save_async(store, ckpt_dir)()
+
+    def save_async(self, store: CheckpointStore, ckpt_dir: str) -> Callable[[], list[dict[str, Any]]]:
+        """The part's shards read into memory now (its trainer may remove them later), written into `ckpt_dir` by
+        the answer (any thread). A net written from here (after a growth, at the start: fresh) is written now: the
+        next trainer starts from it."""
         if self.exact and self.at is not None:
-            copy_shards(self.at["fs"], self.at["path"], self.at["shards"], store.fs, ckpt_dir)
-            return list(self.at["shards"])
+            return copy_later(self.at["fs"], self.at["path"], self.at["shards"], store.fs, ckpt_dir)
         shards = [write_shard_at(store.fs, ckpt_dir, {t["index"]: state})
                   for t, state in zip(self.layers, self._states(), strict=True)]  # fmt: skip
         self.at, self.exact = {"fs": store.fs, "path": ckpt_dir, "shards": shards}, True
-        return shards
+        return lambda: shards
 
     def restore(self, store: CheckpointStore, ckpt_dir: str, shards: list[dict[str, Any]]) -> None:
         self._end()
-        self.frozen = 0  # the restored states carry their frozen flags
+        self.frozen, self.thawed = 0, None  # the restored states carry their frozen flags and rates
         self.at, self.exact, self.eval = {"fs": store.fs, "path": ckpt_dir, "shards": shards}, True, None
 
     def recover(self, specs: list[BlockSpec], layout: Layout | None) -> str:

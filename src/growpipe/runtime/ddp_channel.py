@@ -16,6 +16,11 @@ def position_after(part: dict[str, Any]) -> tuple[int, int]:
     return (part["epoch"], part["at"]) if part["at"] is not None else (part["epoch"] + 1, 0)
 
 
+def placed_part(part: dict[str, Any], checkpoint: Any) -> dict[str, Any]:
+    """`part` with the place of the Ray Train checkpoint that holds it ({fs, path, shards}, as the engine reads)."""
+    return {**part, "checkpoint": {"fs": checkpoint.filesystem, "path": checkpoint.path, "shards": part["shards"]}}
+
+
 @ray.remote(num_cpus=0)
 class Channel:
     """A trainer's parts on their way to the engine, and the engine's stop (async: every wait is an await)."""

@@ -40,10 +40,11 @@ class Chain(nn.Module):
 
 
 def assemble(cfg: RunConfig, info: InputInfo, topology: list[dict[str, Any]], frozen: int,
-             start: dict[str, Any] | None, device: torch.device | str = "cpu") -> list[Block]:  # fmt: skip
+             start: dict[str, Any] | None, device: torch.device | str = "cpu",
+             thaw: float | None = None) -> list[Block]:  # fmt: skip
     """The blocks of `topology` (seeded: equal wherever built), with the states checkpoint `start` ({fs, path,
-    shards}) holds loaded (a block it does not hold stays fresh: a growth), the first `frozen` frozen, on
-    `device`."""
+    shards}) holds loaded (a block it does not hold stays fresh: a growth), the first `frozen` frozen (`thaw`:
+    then every one thawed at that learning-rate factor, grow.joint), on `device`."""
     blocks = [build_block(cfg.rule(), BlockSpec.from_dict(d), info) for d in topology]
     if start:
         held = [b for b in blocks if any(b.index in e["blocks"] for e in start["shards"])]
@@ -53,6 +54,9 @@ def assemble(cfg: RunConfig, info: InputInfo, topology: list[dict[str, Any]], fr
     for b in blocks[:frozen]:
         if not b.frozen:
             b.freeze()
+    for b in blocks:
+        if thaw is not None:
+            b.thaw(thaw)
     return [b.to(device) for b in blocks]
 
 

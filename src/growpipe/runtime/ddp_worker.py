@@ -31,9 +31,9 @@ from growpipe.loop.stats import StageStats
 from growpipe.nn.guard import SKIPPED, guarded_update
 from growpipe.nn.specs import InputInfo
 from growpipe.quiet import quiet_libraries
-from growpipe.runtime.ddp_channel import StopFlag, position_after
+from growpipe.runtime.ddp_channel import StopFlag, placed_part, position_after
 from growpipe.runtime.ddp_net import Chain, as_net, assemble
-from growpipe.runtime.stage_base import cpu_copy
+from growpipe.snapshot import cpu_copy, read_files, write_files
 
 PART = "part.json"
 
@@ -49,7 +49,8 @@ class Replica:
         self.bundle = load_data(self.cfg.data, self.cfg.seed)
         self.info = InputInfo.from_bundle(self.bundle, self.cfg.net)
         self.device = ray.train.torch.get_device()  # the blocks know it too: autocast and evaluation follow it
-        self.blocks = assemble(self.cfg, self.info, config["topology"], config["frozen"], start, self.device)
+        self.blocks = assemble(self.cfg, self.info, config["topology"], config["frozen"], start, self.device,
+                               config["thaw"])  # fmt: skip
         self.model = ray.train.torch.prepare_model(Chain(self.blocks))  # DDP: rank 0's weights broadcast
         self.steps = 0  # training steps run by this worker (for fault injection)
 
@@ -84,9 +85,7 @@ class Replica:
             for b in trainable:
                 b.steps += 1
             skips = {f"b{b.index}.{SKIPPED}": 1.0 for b in trainable}
-            stats.add_losses(skips if SKIPPED in metrics else {f"b{last.index}.ce": metrics["ce"]})
-            stats.batches += 1
-            stats.samples += batch.samples
+            stats.add_batch(batch.samples, skips if SKIPPED in metrics else {f"b{last.index}.ce": metrics["ce"]})
         stats.busy_s = time.perf_counter() - t0
         return {"stats": asdict(stats), "at": at}
 
@@ -97,22 +96,15 @@ class Replica:
             checkpoint = None
             if self.rank == 0:
                 if part["at"] is None:
-                    part["eval"] = evaluate_net(
-                        as_net(self.cfg, self.info, self.blocks, self.device), self.bundle, self.cfg.eval
-                    )
+                    net = as_net(self.cfg, self.info, self.blocks, self.device)
+                    part["eval"] = evaluate_net(net, self.bundle, self.cfg.eval)
                 local, _ = filesystem_of(tmp)
                 part["shards"] = [write_shard_at(local, tmp, {b.index: cpu_copy(b.state_dict())}) for b in self.blocks]
-                with open(f"{tmp}/{PART}", "w") as f:
-                    json.dump(part, f)
+                write_files(local, tmp, {PART: json.dumps(part).encode()})
                 checkpoint = ray.train.Checkpoint.from_directory(tmp)
             metrics = {"epoch": part["epoch"], "batch": part["at"] or 0, "seq": part["seq"]}
             ray.train.report(metrics, checkpoint=checkpoint)
-        return part if self.rank else _placed(part, ray.train.get_checkpoint())
-
-
-def _placed(part: dict[str, Any], checkpoint: Any) -> dict[str, Any]:
-    """`part` with the place of the Ray Train checkpoint that holds it ({fs, path, shards}, as the engine reads)."""
-    return {**part, "checkpoint": {"fs": checkpoint.filesystem, "path": checkpoint.path, "shards": part["shards"]}}
+        return part if self.rank else placed_part(part, ray.train.get_checkpoint())
 
 
 def train_fn(config: dict[str, Any]) -> None:
@@ -123,8 +115,7 @@ def train_fn(config: dict[str, Any]) -> None:
     ctx, channel = ray.train.get_context(), config["channel"]
     start, (epoch, batch), seq = config["start"], config["position"], 0
     if (checkpoint := ray.train.get_checkpoint()) is not None:  # Ray Train restarted the group from its newest
-        with checkpoint.filesystem.open_input_stream(f"{checkpoint.path}/{PART}") as f:
-            part = _placed(json.loads(f.read()), checkpoint)
+        part = placed_part(json.loads(read_files(checkpoint.filesystem, checkpoint.path, [PART])[PART]), checkpoint)
         start, seq, (epoch, batch) = part["checkpoint"], part["seq"] + 1, position_after(part)
         if ctx.get_world_rank() == 0:  # the engine may not have it yet: the worker that died may have held it
             ray.get(channel.put.remote(part))

@@ -34,6 +34,11 @@ class RunEvents(RunCallback):
         self._released = False  # the run is being stopped: nobody waits for a follower any more
         self.paced = False
 
+    @property
+    def reports_checkpoints(self) -> bool:  # type: ignore[override]
+        """A paced run's follower takes each epoch's checkpoint with its row (a Tune report)."""
+        return self.paced
+
     # ---- written by the loop (its thread) -----------------------------------------------------------------
     def say(self, line: str) -> None:
         """A progress line (the loop's and the engine's `say`)."""

@@ -148,9 +148,7 @@ class PipelineEngine(StageEngine):
         slot = cast(Slot, block.handle)
         if freeze:
             self._get_all([s.handle.freeze.remote(s.index) for s in self.slots], "freezing the earlier stages")
-        if self.source:  # the rest of this epoch streams from the data again; the next one from a new cache
-            self._get(self.slots[self.source].handle.drop_cache.remote(), "dropping the old prefix cache")
-            self.source = 0
+        self._drop_cache()  # the rest of this epoch streams from the data again; the next one from a new cache
         last = self.slots[self._host(len(self.slots) - 1)]
         self.slots.append(slot)
         if slot.host is None:
@@ -168,7 +166,17 @@ class PipelineEngine(StageEngine):
                 ray.get(slot.handle.drop_staged.remote(slot.index), timeout=30)
         super().discard_block(block)
 
+    def thaw(self, lr_factor: float) -> None:
+        self._drop_cache()  # the blocks below the cache learn again: every epoch streams from the data
+        super().thaw(lr_factor)
+
     # ---- the frozen-prefix cache ----------------------------------------------------------------------
+    def _drop_cache(self) -> None:
+        """Stream the epochs from the data again (stage 0), dropping the prefix cache if there is one."""
+        if self.source:
+            self._get(self.slots[self.source].handle.drop_cache.remote(), "dropping the old prefix cache")
+            self.source = 0
+
     def cache_prefix(self) -> dict[str, Any] | None:
         """Send every training sample once through the frozen stages into the last stage's cache; from now
         on the last stage streams the epochs from it and the frozen stages stop computing."""

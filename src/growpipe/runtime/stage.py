@@ -37,8 +37,8 @@ class Stage(StageBase, DirectEndpoint):
     """One block in its own actor: trains on packets from upstream and pushes its output downstream (its
     tensors by a direct transport when the engine put the stages in a group, see runtime/transport.py)."""
 
-    CONCURRENCY_GROUPS = {"control": 1, **DirectEndpoint.CONCURRENCY_GROUPS}
-    """position() and request_pause() answer while run_epoch is busy."""
+    CONCURRENCY_GROUPS = {"control": 1, **DirectEndpoint.CONCURRENCY_GROUPS, **StageBase.CONCURRENCY_GROUPS}
+    """position() and request_pause() answer while run_epoch is busy (and a checkpoint's shard is written)."""
 
     def __init__(self, index: int, cfg: RunConfig):
         super().__init__(index, cfg)

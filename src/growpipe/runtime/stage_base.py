@@ -25,6 +25,7 @@ from growpipe.nn.methods import build_block
 from growpipe.nn.packet import Packet
 from growpipe.nn.preserve import ExitState, exit_state, start_from_exit
 from growpipe.nn.specs import BlockSpec, InputInfo
+from growpipe.snapshot import cpu_copy
 
 EVAL_BATCH = 512
 ALL_EXITS = -1.0
@@ -39,6 +40,9 @@ def warm_torch() -> None:
 
 class StageBase:
     """A stage actor's blocks: its own (`block`) and any packed after it, by block index."""
+
+    CONCURRENCY_GROUPS = {"checkpoint": 1}
+    """write_copied_shard writes a checkpoint's shard while the next epoch trains."""
 
     def __init__(self, index: int, cfg: RunConfig):
         self.index = index
@@ -56,6 +60,7 @@ class StageBase:
         self._eval: dict[Any, dict[int, torch.Tensor]] = {}  # an evaluation pass: per exit, per batch, probs
         self._early: EarlyExit | None = None
         self._eval_sent = 0  # bytes of the activations an evaluation pass handed on
+        self._copies: dict[tuple[str, int], dict[str, Any]] = {}  # (checkpoint, block): a state to write (copy_shard)
 
     # ---- the data (stage 0) -------------------------------------------------------------------------
     def load_data(self) -> tuple[InputInfo, dict[str, Any]]:
@@ -108,6 +113,10 @@ class StageBase:
         """Stop learning: the block (default: this stage's own) only forwards from now on."""
         self._block(index).freeze()
 
+    def thaw(self, index: int, lr_factor: float) -> None:
+        """Learn again (grow.joint) at `lr_factor` times the learning rate (Block.thaw)."""
+        self._block(index).thaw(lr_factor)
+
     def exit_state(self, index: int | None = None) -> ExitState:
         """CPU copies of a block's exit head (a block grown on top of it starts from them: grow.init preserve)."""
         return exit_state(self._block(index))
@@ -129,6 +138,18 @@ class StageBase:
         """Write a block's state into checkpoint `ckpt_dir` of the run's `store`; return the manifest's entry."""
         block = self._block(index)
         return store.write_shard(ckpt_dir, {block.index: self.state_dict(block.index)}, block_file(block.index))
+
+    def copy_shard(self, ckpt_dir: str, index: int) -> None:
+        """An asynchronous checkpoint's part on the training thread: a CPU copy of block `index`'s state as it is
+        now, kept for write_copied_shard (training goes on once this returns)."""
+        self._copies[(ckpt_dir, index)] = self.state_dict(index)
+
+    @ray.method(concurrency_group="checkpoint")
+    def write_copied_shard(self, store: CheckpointStore, ckpt_dir: str, index: int) -> dict[str, Any]:
+        """Write the copy copy_shard took as block `index`'s shard of checkpoint `ckpt_dir`, on a thread of its own
+        while training goes on; return the manifest's entry."""
+        state = self._copies.pop((ckpt_dir, index))
+        return store.write_shard(ckpt_dir, {index: state}, block_file(index))
 
     def restore(self, store: CheckpointStore, ckpt_dir: str, shards: list[dict[str, Any]],
                 index: int | None = None) -> None:  # fmt: skip
@@ -224,14 +245,3 @@ def peak_rss_mb() -> float:
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-
-
-def cpu_copy(obj: Any) -> Any:
-    """The same nested structure with every tensor detached and copied to the CPU."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: cpu_copy(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return type(obj)(cpu_copy(v) for v in obj)
-    return obj

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from typing import Any, cast
 
 import ray
@@ -123,6 +124,11 @@ class StageEngine:
         slot = Slot(opts.remote(index, self.cfg), pg, owns_pg, bundle_index)
         slot.name = name
         return slot
+
+    def thaw(self, lr_factor: float) -> None:
+        """Every stage's blocks learn again (grow.joint); no block grows after this: the standby goes."""
+        self.drop_standby()
+        self._get_all([s.handle.thaw.remote(s.index, lr_factor) for s in self.slots], "thawing the blocks")
 
     # ---- the standby: the next grown block's actor, started ahead (grow.standby) -----------------------
     def keep_standby(self) -> None:
@@ -296,6 +302,14 @@ class StageEngine:
     def save(self, store: CheckpointStore, ckpt_dir: str) -> list[dict[str, Any]]:
         return self._get_all([s.handle.save_shard.remote(store, ckpt_dir, s.index) for s in self.slots],
                              "writing a checkpoint")  # fmt: skip
+
+    def save_async(self, store: CheckpointStore, ckpt_dir: str) -> Callable[[], list[dict[str, Any]]]:
+        """Every stage copies its blocks' states (this waits for that only), then writes them on a thread of its
+        own while the next epoch trains; the answer waits for those writes (any thread)."""
+        slots = list(self.slots)
+        self._get_all([s.handle.copy_shard.remote(ckpt_dir, s.index) for s in slots], "copying the blocks' states")
+        refs = [s.handle.write_copied_shard.remote(store, ckpt_dir, s.index) for s in slots]
+        return lambda: self._get_all(refs, "writing a checkpoint")
 
     def layout(self) -> dict[str, Any]:
         """Blocks packed for good (grown without room for a stage); a block packed because its node was lost
