@@ -134,21 +134,23 @@ def test_two_writes_of_a_run_never_overlap(tmp_path: Path):
     result = loop.run()
     assert "error" not in result, result
     assert engine.seen["trained_while_held"]
-    names = [name for name, _ in engine.copies]  # every write but the run's last (written before it returns)
-    assert len(names) == len(seen.done) - 1 == 9 and all(alone for _, alone in engine.copies), engine.copies
+    names = [name for name, _ in engine.copies]  # every write but the start's and the end's (written at once)
+    assert len(names) == len(seen.done) - 2 == 8 and all(alone for _, alone in engine.copies), engine.copies
     assert names == sorted(names) and [c["seq"] for c in seen.done] == list(range(1, 11))
 
 
 def test_the_end_of_the_run_waits_for_the_write_under_way_and_fails_with_it(tmp_path: Path):
-    """checkpoint.every_epochs 0: only the start writes one, in the background, while the one epoch trains; its
-    write fails (a full disk), and the run's end, which writes nothing itself, fails with it."""
-    cfg = _cfg(tmp_path, "full", 1, every_epochs=0)
-    engine = _HeldWrites(cfg, fail="ckpt-000000-")
+    """checkpoint.every_epochs 0, every_batches 6: the start's checkpoint is written at once, batch 6's in the
+    background while the epoch's last 2 batches train; its write fails (a full disk), and the run's end, which
+    writes nothing itself, fails with it."""
+    cfg = _cfg(tmp_path, "full", 1, every_epochs=0, every_batches=6)
+    engine = _HeldWrites(cfg, fail="ckpt-000000-0000006-")
     loop, seen, _ = _loop(cfg, engine, tmp_path)
     result = loop.run()
     assert "No space left on device" in result.get("error", ""), result
-    assert [row["epoch"] for row in loop.rec.history] == [1] and seen.done == []
-    assert CheckpointStore(str(tmp_path), "full").latest() is None  # nothing half-written counts as complete
+    assert [row["epoch"] for row in loop.rec.history] == [1] and [c["batch"] for c in seen.done] == [0]
+    latest = CheckpointStore(str(tmp_path), "full").latest()  # nothing half-written counts as complete
+    assert latest is not None and (latest.epoch, latest.batch) == (0, 0)
 
 
 def test_a_process_killed_while_a_background_write_is_held_leaves_the_previous_checkpoint_whole(tmp_path: Path):

@@ -31,8 +31,10 @@ PLATEAU = ["--set", "data.val_fraction=0.1", "--set", "grow.max_blocks=3"]
         (["grow.on_plateau.min_delta=-0.01"], "grow.on_plateau.min_delta", "greater than or equal to 0"),
         (["grow.joint.epochs=0"], "grow.joint.epochs", "greater than or equal to 1"),
         (["grow.joint={epochs: 1, lr_factor: 0}"], "grow.joint.lr_factor", "greater than 0"),
+        (["grow.joint={epochs: 1}", "grow.schedule=[{kind: layer, epochs: 0}]"], "grow",
+         "give that step epochs: 1 or more"),
     ],
-    ids=["past-max-blocks", "interval", "patience", "min-gain", "joint-epochs", "joint-rate"],
+    ids=["past-max-blocks", "interval", "patience", "min-gain", "joint-epochs", "joint-rate", "joint-last-step"],
 )  # fmt: skip
 def test_a_growth_plan_that_cannot_hold_is_one_line_and_exit_2(sets, field, fix, capsys, tmp_path):
     plateau = PLATEAU if "on_plateau" in sets[0] else []

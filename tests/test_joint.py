@@ -61,6 +61,20 @@ def test_the_reference_trainer_thaws_every_block_for_the_last_epoch():
     assert joint.net.blocks[0].checksum() != frozen and joint.net.blocks[0].steps > plain.net.blocks[0].steps
 
 
+def test_a_resume_inside_the_joint_phase_may_not_move_it(tmp_path):
+    from growpipe.api import train
+    from growpipe.errors import CheckpointError
+    from growpipe.resume import plan_resume
+
+    ckpt = {"enabled": True, "uri": str(tmp_path)}
+    train(tiny_config(name="joint-resume", grow={"joint": JOINT}, checkpoint=ckpt), runtime="local", progress=None)
+    sets = ["checkpoint.enabled=true", f"checkpoint.uri={tmp_path}"]
+    cfg, ref = plan_resume(None, sets, "joint-resume")  # its own epochs: fine
+    assert ref is not None and cfg.total_epochs() == 2
+    with pytest.raises(CheckpointError, match="is in its joint phase .* train.epochs cannot change now"):
+        plan_resume(None, [*sets, "train.epochs=3"], "joint-resume")
+
+
 def test_a_grow_request_in_the_joint_phase_is_refused_and_changes_nothing():
     cfg = tiny_config(name="jointly", grow={"max_blocks": 4, "joint": JOINT})
     loop = RunLoop(cfg, LocalEngine(cfg))

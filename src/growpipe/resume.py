@@ -40,7 +40,8 @@ def plan_resume(config: str | None, overrides: list[str], resume: str,
             "check the run name and checkpoint.uri (or use --resume auto to start fresh)"
         )
     ref, manifest, damaged = found
-    saved = build_config(manifest["config"], f"{ref.path}/manifest.json").model_dump(mode="json")  # with defaults
+    saved_cfg = build_config(manifest["config"], f"{ref.path}/manifest.json")
+    saved = saved_cfg.model_dump(mode="json")  # with defaults
     cfg = given if config else build_config(apply_overrides(saved, [*(overrides or []), *extra_overrides()]),
                                             f"{ref.path}/manifest.json + --set")  # fmt: skip
     diff = config_differences(saved, cfg.model_dump(mode="json"))
@@ -50,6 +51,11 @@ def plan_resume(config: str | None, overrides: list[str], resume: str,
             + (f" (and {len(diff) - 1} more)" if len(diff) > 1 else "")
             + "; resume without --config (the checkpoint's own), --set the field to the checkpoint's value, or "
             "start a run with another name"
+        )
+    if manifest.get("joint") and cfg.total_epochs() != saved_cfg.total_epochs():
+        raise CheckpointError(
+            f"--resume {name}: checkpoint {ref.path} is in its joint phase (grow.joint), which ends the run: "
+            "train.epochs cannot change now; resume with its train.epochs, or from a checkpoint before the phase"
         )
     if damaged:  # set aside once the resume is decided, so no restore of the resumed run takes one
         aside = True

@@ -64,7 +64,7 @@ class JointSpec(Strict):
 
     epochs: int = Field(1, ge=1)
     """Epochs of the joint phase, after the run's other epochs (train.epochs and the schedule's)."""
-    lr_factor: float = Field(0.1, gt=0.0, le=1.0)
+    lr_factor: float = Field(0.3, gt=0.0, le=1.0)
     """Every block's learning rate in the joint phase, as a share of its rate before (the schedule's warm-up
     and decay go on applying on top)."""
 
@@ -138,6 +138,9 @@ class GrowSpec(Strict):
             raise ValueError(f"{' and '.join(policies)} are set; keep one way of growing")
         if (self.every_epochs or self.on_plateau) and self.max_blocks is None:
             raise ValueError("max_blocks is needed with every_epochs / on_plateau: the net stops growing there")
+        if self.joint and self.schedule and self.schedule[-1].epochs == 0:
+            raise ValueError("joint: the last schedule step has epochs: 0, so its block would train only in the joint "
+                             "phase; give that step epochs: 1 or more")  # fmt: skip
         return self
 
     def policy(self) -> str:

@@ -64,7 +64,7 @@ class Checkpointer:
                 f"ckpt   a fresh run: removed {gone} checkpoint folder(s) of an earlier run {self.run_name!r}"
                 + (" (--overwrite)" if self.cfg.checkpoint.overwrite else " (none of them complete)")
             )
-        self.write(0, 0)
+        self.write(0, 0, wait=True)  # a checkpoint.uri that cannot be written fails the run now
 
     def at_boundary(self, epoch: int, paused_at: int | None = None, grew: bool = False, best: bool = False) -> None:
         """After `epoch` finished epochs (`paused_at`: that many batches into the next, an epoch paused for a
@@ -111,6 +111,17 @@ class Checkpointer:
         t0 = time.perf_counter()
         self._settle()
         return self._waited(time.perf_counter() - t0)
+
+    def finish(self, timeout_s: float = 120.0) -> None:
+        """The run ends (done, failed or stopped): a write under way completes first (at most `timeout_s`); its
+        failure is a line here, not the run's."""
+        pending = self.pending
+        if pending is None:
+            return
+        if not pending.wait(timeout_s):
+            self.say(f"ckpt   {pending.name} still being written after {timeout_s:.0f}s; the run ends without it")
+        elif pending.error is not None:
+            self.say(f"ckpt   {pending.name} was not completed ({describe(pending.error)})")
 
     def _settle(self) -> None:
         pending, self.pending = self.pending, None

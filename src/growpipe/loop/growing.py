@@ -35,6 +35,7 @@ class Growth:
         self.plan = GrowthPlan(cfg)
         self.cache_due = False  # the net grew with its earlier blocks frozen: cache their outputs first
         self._measured: tuple[tuple[int, int | None, int], Accuracies] | None = None  # (epoch, batch, depth), accs
+        self._thawed = False  # grow.joint's phase began in this process
 
     def check_plan(self, info: InputInfo, specs: list[BlockSpec]) -> None:
         """At the start: ConfigError when a planned step cannot start as grow.init asks (preserve)."""
@@ -47,7 +48,9 @@ class Growth:
         ends the run), and, between epochs, every request waiting now. Whether the net grew."""
         grew = False
         requests = self.requests
-        if g.order is not None:
+        if g.order is not None and g.resume is None and self.plan.in_joint(g.epoch):  # placed too late to train
+            requests.refuse(g.order, self.joint_refusal())
+        elif g.order is not None:
             grew = requests.attach(g.order, len(run.specs), self._attacher(run.specs, g.epoch, g.batch))
         for step in g.steps:
             if why := grow_refusal(self.run_name, len(run.specs), self.requests.pending, self.cfg.max_blocks()):
@@ -132,11 +135,12 @@ class Growth:
         too) at a lower learning rate, from the data again (no prefix cache), and no request grows the net. Once:
         a run restored inside the phase has blocks whose states carry it."""
         joint = self.cfg.grow.joint
-        if joint is None or not self.plan.in_joint(epoch):
+        if joint is None or not self.plan.in_joint(epoch) or self._thawed:
             return
-        self.requests.close(f"run {self.run_name!r} is in its joint phase (grow.joint, epochs after "
-                            f"{self.plan.growing_until}): every block trains, the net does not grow")  # fmt: skip
+        self.requests.close(self.joint_refusal())
+        self._thawed = True  # in this process: its engine drops a standby it started, once
         if self.rec.joint is not None:
+            self.engine.thaw(joint.lr_factor)  # the blocks' states carry it already
             return
         thawed = sorted(self.rec.frozen)
         unchanged = self.rec.watch.thawed(self.engine.checksums()) if thawed else None
@@ -147,9 +151,14 @@ class Growth:
         self.say(f"joint  from epoch {epoch + 1}: every block learns at {joint.lr_factor:g}x its learning rate"
                  + (f" (blocks {', '.join(map(str, thawed))} thawed)" if thawed else ""))  # fmt: skip
 
+    def joint_refusal(self) -> str:
+        """What a grow request gets once grow.joint's phase began (or its block was placed too late to train)."""
+        return (f"run {self.run_name!r} is in its joint phase (grow.joint, epochs after {self.plan.growing_until}): "
+                "every block trains, the net does not grow")  # fmt: skip
+
     def restored(self) -> None:
         """After `rec` came back from a checkpoint: the plan counts from its newest growth, and a frozen prefix
         is cached again (a restored engine holds no cache)."""
         self.plan.grew(self.rec.growth[-1]["epoch"] if self.rec.growth else 0)
-        self._measured = None
+        self._measured, self._thawed = None, False  # a restored engine: the joint phase's thaw (if due) again
         self.cache_due = self.cfg.grow.cache.enabled and bool(self.rec.frozen)

@@ -83,8 +83,7 @@ class RunLoop:
         self._row_epoch = 0  # the newest epoch whose row this start of the run made
         self._gated = 0  # the newest epoch handed to epoch_gate
         self.keep_net = True
-        """Gather the trained net's weights at the end (final_net / final): off when nobody asks for the
-        whole net (a block may be as big as its worker)."""
+        """Gather the trained net's weights at the end (final_net / final); off: nobody asks for the whole net."""
         self.epoch_gate: Callable[[int], None] | None = None
         """Called once an epoch's boundary is done (its row, growth and checkpoint went to the callbacks),
         before the next epoch trains; it may block until whoever follows the run has taken that epoch (a Tune
@@ -107,6 +106,7 @@ class RunLoop:
             raise
         finally:
             self.requests.close(f"run {self.run_name!r} has {self.state.name}; nothing to grow")
+            self.checkpoints.finish()  # a write under way completes before the workers that write it go
             self.engine.stop()
             notify(self.callbacks, "close", say=self.say)
         if isinstance(self.state, Errored):
@@ -219,7 +219,7 @@ class RunLoop:
             return Growing(epoch, None, steps=tuple(due), source=self.plan.policy, order=order)
         spread = self.topology.expand_due() if self.store and epoch < self.plan.total_epochs else None
         if spread is not None:  # a shrunk run whose lost homes are back: its blocks go home, state carried over
-            self.checkpoints.write(epoch, 0, best)
+            self.checkpoints.write(epoch, 0, best, wait=True)  # the restore below starts from it
             self.topology.record("expand", epoch, 0, "capacity is back: every block in its own actor again", spread)
             return Restoring(self.store.latest().path, "expand", layout=spread)  # type: ignore[union-attr]
         self.checkpoints.at_boundary(epoch, best=best)

@@ -231,14 +231,17 @@ class GrowRequests:
     def attach(self, order: GrowOrder, depth: int, attach: Callable[[Prepared, GrowStep], dict[str, Any]]) -> bool:
         """Attach a prepared request with `attach` unless grow.max_blocks was reached meanwhile; answer it."""
         if why := grow_refusal(self.run_name, depth, 0, self.cfg.max_blocks()):
-            why = f"{why}; {MORE_BLOCKS_HINT}"
-            self.engine.discard_block(order.prepared)
-            self.answer(order, error=why)
-            self.say(f"grow   request refused: {why}")
+            self.refuse(order, f"{why}; {MORE_BLOCKS_HINT}")
             return False
         event = attach(order.prepared, order.ask.as_step())
         self.answer(order, answer={**event, **order.prepared.extra, "placed_s": order.placed_s})
         return True
+
+    def refuse(self, order: GrowOrder, why: str) -> None:
+        """Answer a prepared request with `why`, its block released: the run stays as it is."""
+        self.engine.discard_block(order.prepared)
+        self.answer(order, error=why)
+        self.say(f"grow   request refused: {why}")
 
     def answer(self, order: GrowOrder, answer: dict[str, Any] | None = None, error: str | None = None) -> None:
         with self._lock:
