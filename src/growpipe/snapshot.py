@@ -5,7 +5,6 @@ the commit and the store are growpipe.checkpoint's."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -65,8 +64,6 @@ class BackgroundWrite(Generic[T]):
         self.name = name
         self.result: T | None = None
         self.error: BaseException | None = None
-        self.seconds = 0.0
-        """How long it took, start to end."""
         self._job: Callable[[], T] | None = job
         self._then = then
         self._done = threading.Event()
@@ -74,7 +71,6 @@ class BackgroundWrite(Generic[T]):
         self.thread.start()
 
     def _run(self) -> None:
-        t0 = time.perf_counter()
         try:
             assert self._job is not None
             self.result = self._job()
@@ -83,7 +79,6 @@ class BackgroundWrite(Generic[T]):
             self.error = e
         finally:
             self._job = None  # what it wrote from (a copy of every block's state): not kept past the write
-            self.seconds = time.perf_counter() - t0
             self._done.set()
 
     @property
