@@ -98,6 +98,18 @@ def write_set(out: Path, frames: Frames) -> Path:
     return atomic_write_dir(out, fill)
 
 
+def write_sets(out: Path, made: dict[str, Frames]) -> None:
+    """Each set as OUT/NAME (write_set), then a table of their rows, classes and words, and where each went."""
+    written = [write_set(out / name, frames) for name, frames in made.items()]
+    print("| set | split | rows | classes | median words | p95 words |\n| --- | --- | --- | --- | --- | --- |")
+    for name, frames in made.items():
+        for r in word_stats(frames):
+            print(f"| {name} | {r['split']} | {r['rows']:,} | {r['classes']} | {r['median_words']:g} | "
+                  f"{r['p95_words']:g} |")  # fmt: skip
+    for path in written:
+        print(f"wrote {path}: train on it with --set data.name=parquet:{path}")
+
+
 def parse_pair(raw: str) -> tuple[str, str]:
     """--pair A,B as two group names."""
     parts = [p.strip() for p in raw.split(",")]
@@ -134,14 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     except GrowpipeError as e:
         print(f"text_sets.py: {e}", file=sys.stderr)
         return 2
-    written = [write_set(Path(args.out) / name, frames) for name, frames in made.items()]
-    print("| set | split | rows | classes | median words | p95 words |\n| --- | --- | --- | --- | --- | --- |")
-    for name, frames in made.items():
-        for r in word_stats(frames):
-            print(f"| {name} | {r['split']} | {r['rows']:,} | {r['classes']} | {r['median_words']:g} | "
-                  f"{r['p95_words']:g} |")  # fmt: skip
-    for out in written:
-        print(f"wrote {out}: train on it with --set data.name=parquet:{out}")
+    write_sets(Path(args.out), made)
     return 0
 
 

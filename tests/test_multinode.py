@@ -144,19 +144,27 @@ def test_ddp_with_min_workers_trains_on_with_fewer_when_a_workers_node_is_lost(t
     assert result["epochs"] == 1 and result["restarts"] == 0 and result["workers_at_end"] == 1, result
 
 
-def test_nothing_left_to_run_on_fails_clearly_and_the_checkpoint_resumes_later(tmp_path, multinode):
+def test_nothing_left_to_run_on_fails_clearly_and_the_checkpoint_resumes_later(tmp_path, multinode, monkeypatch):
+    gate = tmp_path / "gate"  # epoch 2 holds at its batch 1 until the nodes are gone
+    monkeypatch.setenv("GROWPIPE_HOLD_AT", f"2:1:{gate}")
     cfg = _cfg(tmp_path, "stranded", 3, placement_timeout_s=2.0, placement="SPREAD")
+    store = CheckpointStore(str(tmp_path / "ck"), "stranded")
     with Pipeline(cfg) as p:
         run = _Run(p)
-        run.wait_epoch(p, 2)
+        deadline = time.time() + 120
+        # held in epoch 2, and epoch 1's checkpoint (written in the background) complete
+        while not Path(f"{gate}.held").exists() or (done := store.latest()) is None or done.epoch < 1:
+            assert time.time() < deadline and run.error is None, (run.error, run.lines[-5:])
+            time.sleep(0.1)
         nodes = ray.get(p.controller.status.remote())["nodes"]
         assert len(set(nodes)) == 2 and {n.node_id for n in multinode.worker_nodes} == set(nodes)  # SPREAD too
         for node in list(multinode.worker_nodes):
             multinode.remove_node(node)
+        gate.touch()
         run.join()
     assert isinstance(run.error, PipelineError) and not isinstance(run.error, InputError)  # exit 1, not 2
     assert "no worker is left to run on" in str(run.error) and "--resume" in str(run.error)
-    latest = CheckpointStore(str(tmp_path / "ck"), "stranded").latest()
+    latest = store.latest()
     assert latest is not None and latest.epoch >= 1
     for _ in range(2):
         multinode.add_node(num_cpus=1)

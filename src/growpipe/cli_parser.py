@@ -22,6 +22,7 @@ BENCHES = {
     "grow-latency": "grow_latency.py",
     "grow-vs-scratch": "grow_vs_scratch.py",
     "guard": "guard.py",
+    "heldout-sets": "heldout_sets.py",
     "lstm-pooling": "lstm_pooling.py",
     "lstm-speed": "lstm_speed.py",
     "pipeline": "pipeline.py",
@@ -221,7 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "cluster (seconds to shrink and to spread out, samples/s); grow-latency: a grow request's "
                     "answer per engine (p50 / p95 seconds); data: stage 0's reader per format "
                     "against its block, peak RSS against dataset size; text-ablation: the seeds' text settings one "
-                    "at a time; text-sets: short-text and binary sets derived from 20 Newsgroups; text-bar: the "
+                    "at a time; text-sets: short-text and binary sets derived from 20 Newsgroups; heldout-sets: two "
+                    "text sets from files PyPI packages ship (movie-review sentences, snippet sources); text-bar: the "
                     "text recipe's rules against the classical bar per text set; text-ceiling: a linear model on the "
                     "net's own text input, and its first block trained with Adam and with SGD; lstm-speed: a "
                     "BiLSTM step packed vs padded; lstm-pooling: how alike SCPL's BiLSTM "

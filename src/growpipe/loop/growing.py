@@ -161,4 +161,5 @@ class Growth:
         is cached again (a restored engine holds no cache)."""
         self.plan.grew(self.rec.growth[-1]["epoch"] if self.rec.growth else 0)
         self._measured, self._thawed = None, False  # a restored engine: the joint phase's thaw (if due) again
+        self.requests.reopen(self.joint_refusal())  # restored to before the phase: it grows again until then
         self.cache_due = self.cfg.grow.cache.enabled and bool(self.rec.frozen)

@@ -251,6 +251,12 @@ class GrowRequests:
         else:
             order.fail(error or "refused")
 
+    def reopen(self, why: str) -> None:
+        """Take requests again if they were closed for `why` alone (a run restored to before its joint phase)."""
+        with self._lock:
+            if self.closed == why:
+                self.closed = None
+
     def close(self, why: str) -> None:
         """Take no request from now on (`why`: what a caller is answered) and answer every one not attached
         yet with it: the run ends or is being stopped. The first reason stays; a second call drains again

@@ -69,9 +69,9 @@ class DDPEngine(WithoutBundles):
         return self.trainer
 
     def _end(self) -> None:
-        if self.trainer is not None:
-            self.trainer.end()
-        self.trainer = None
+        trainer, self.trainer = self.trainer, None
+        if trainer is not None:
+            trainer.end()
 
     def _states(self) -> list[dict[str, Any]]:
         """Every block's state as it is now, built once per change (a growth asks for its checksums, then saves)."""
@@ -138,9 +138,8 @@ class DDPEngine(WithoutBundles):
         return self.save_async(store, ckpt_dir)()
 
     def save_async(self, store: CheckpointStore, ckpt_dir: str) -> Callable[[], list[dict[str, Any]]]:
-        """The part's shards read into memory now (its trainer may remove them later), written into `ckpt_dir` by
-        the answer (any thread). A net written from here (after a growth, at the start: fresh) is written now: the
-        next trainer starts from it."""
+        """The part's shards read now (its trainer may remove them), written into `ckpt_dir` by the answer; a net
+        built here (after a growth, at the start) is written now: the next trainer starts from it."""
         if self.exact and self.at is not None:
             return copy_later(self.at["fs"], self.at["path"], self.at["shards"], store.fs, ckpt_dir)
         shards = [write_shard_at(store.fs, ckpt_dir, {t["index"]: state})

@@ -1,10 +1,9 @@
 """The train function of the DDP engine's Ray Train workers (growpipe.runtime.ddp), which owns its epochs.
 
-Every worker holds a replica of the whole net and trains its shard of each global mini-batch, from
-`ray.train.get_checkpoint()` when Ray Train restarted its group (a worker was lost), else from the checkpoint the
-engine named. It trains to the run's last epoch and reports every part (an epoch, or up to a mid-epoch restore
-point) through `ray.train.report` with a checkpoint: growpipe's shards plus `part.json`. Rank 0 then hands the part
-to the engine's channel, which also tells it when to stop before its next batch (a growth waits, or the run ends).
+Every worker holds a replica of the net and trains its shard of each global mini-batch, from
+`ray.train.get_checkpoint()` after Ray Train restarted its group, else from the checkpoint the engine named, to the
+run's last epoch, reporting each part (an epoch, or up to a restore point) with a checkpoint (shards + `part.json`).
+Rank 0 hands the part to the engine's channel, which also tells it to stop before its next batch (growth, the end).
 """
 
 from __future__ import annotations
@@ -61,8 +60,7 @@ class Replica:
             b.modules.train(not b.frozen)  # frozen blocks (the net grew on top of them) stay in eval mode
         trainable = [b for b in self.blocks if not b.frozen]
         optimizers = [b.optimizers["all"] for b in trainable]
-        last = self.blocks[-1]
-        stats, t0, at = StageStats(0, "DDP"), time.perf_counter(), None
+        last, stats, t0, at = self.blocks[-1], StageStats(0, "DDP"), time.perf_counter(), None
         for batch in epoch_batches(self.bundle.train, self.cfg.data.batch_size, seed=self.cfg.seed, epoch=epoch,
                                    start_batch=start, augment=True, shard=(self.rank, self.world)):  # fmt: skip
             faults.hold_before(epoch, batch.index, stop)  # GROWPIPE_HOLD_AT
@@ -102,8 +100,7 @@ class Replica:
                 part["shards"] = [write_shard_at(local, tmp, {b.index: cpu_copy(b.state_dict())}) for b in self.blocks]
                 write_files(local, tmp, {PART: json.dumps(part).encode()})
                 checkpoint = ray.train.Checkpoint.from_directory(tmp)
-            metrics = {"epoch": part["epoch"], "batch": part["at"] or 0, "seq": part["seq"]}
-            ray.train.report(metrics, checkpoint=checkpoint)
+            ray.train.report({"epoch": part["epoch"], "batch": part["at"] or 0, "seq": part["seq"]}, checkpoint)
         return part if self.rank else placed_part(part, ray.train.get_checkpoint())
 
 

@@ -151,6 +151,13 @@ class StageBase:
         state = self._copies.pop((ckpt_dir, index))
         return store.write_shard(ckpt_dir, {index: state}, block_file(index))
 
+    @ray.method(concurrency_group="checkpoint")
+    def close(self) -> None:
+        """End this actor the orderly way, once a shard write queued before it and the call running on the
+        training thread have returned (ray.actor.exit_actor; the caller sees the actor die). Killing a threaded
+        actor outright while a call of its own completes can abort it in Ray's core (a native dump)."""
+        ray.actor.exit_actor()
+
     def restore(self, store: CheckpointStore, ckpt_dir: str, shards: list[dict[str, Any]],
                 index: int | None = None) -> None:  # fmt: skip
         """Load a block's state from checkpoint `ckpt_dir` of `store` (hash-checked, weights_only)."""

@@ -50,6 +50,27 @@ class Slot:
         return self.spec.index
 
 
+END_STAGE_S = 5.0
+"""How long stage actors asked to end (StageBase.close) may take before they are killed."""
+
+
+def end_actors(handles: list[Any], timeout_s: float = END_STAGE_S) -> None:
+    """End stage actors the orderly way (StageBase.close: a shard write under way and the running call complete
+    first), all at once; kill those still there after `timeout_s`. One already dead is left as it is."""
+    closing: list[tuple[Any, Any]] = []
+    for handle in {id(h): h for h in handles}.values():
+        with contextlib.suppress(Exception):  # already dead, or its actor class has no close
+            closing.append((handle, handle.close.remote()))
+    if not closing:
+        return
+    refs = [ref for _, ref in closing]
+    ended, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    for handle, ref in closing:
+        if ref not in ended:
+            with contextlib.suppress(Exception):
+                ray.kill(handle, no_restart=True)
+
+
 class StageEngine:
     """Base of the engines whose blocks live in stage actors (subclasses set `actor_class`)."""
 
@@ -185,11 +206,8 @@ class StageEngine:
         return ", ".join(f"{v:g} {k}" for k, v in b.items()) + " per stage"
 
     def _kill_all(self) -> None:
-        """Kill every stage actor (their bundles stay reserved: replacements go into them)."""
-        for slot in self.slots:
-            if slot.host is None:
-                with contextlib.suppress(Exception):  # already dead
-                    ray.kill(slot.handle, no_restart=True)
+        """End every stage actor (their bundles stay reserved: replacements go into them)."""
+        end_actors([slot.handle for slot in self.slots if slot.host is None])
 
     def discard_block(self, block: Prepared) -> None:
         self._discard(cast(Slot, block.handle))
@@ -205,8 +223,7 @@ class StageEngine:
 
     def _discard(self, slot: Slot) -> None:
         if slot.host is None:  # a packed block's host actor serves other blocks
-            with contextlib.suppress(Exception):  # already dead
-                ray.kill(slot.handle, no_restart=True)
+            end_actors([slot.handle])
         for pg, _, owned in [(slot.pg, slot.bundle, slot.owns_pg), slot.home or (None, 0, False)]:
             if owned:
                 with contextlib.suppress(Exception):
@@ -333,11 +350,9 @@ class StageEngine:
         }  # fmt: skip
 
     def stop(self) -> None:
-        """Kill every stage actor and release every placement group (they outlive the actor that made them)."""
+        """End every stage actor and release every placement group (they outlive the actor that made them)."""
         self.drop_standby()
-        for slot in [*self.slots, *self._early.values()]:
-            with contextlib.suppress(Exception):  # already dead
-                ray.kill(slot.handle, no_restart=True)
+        end_actors([slot.handle for slot in [*self.slots, *self._early.values()]])
         owned = {id(s.home[0]): s.home[0] for s in self.slots if s.home and s.home[2]}
         owned.update({id(s.pg): s.pg for s in self.slots if s.owns_pg})
         for pg in [*owned.values()] + ([self._shared_pg] if self._shared_pg else []):
