@@ -82,10 +82,16 @@ def train_row(cfg: RunConfig, checkpoints: Path) -> dict[str, Any]:
         "best_exit": best + 1,
         "best_exit_accuracy": exits[best],
         "selected_epoch": s["selected_epoch"],
+        "val_accuracy": best_val(s["history"]),
         "epochs": s["epochs"],
         "seconds": round(time.perf_counter() - start, 1),
         "train_seconds": s["train_seconds"],
     }
+
+
+def best_val(history: list[dict[str, Any]]) -> float | None:
+    """The best validation accuracy of a run's epochs (the selected one's): what a recipe choice may read."""
+    return max((h["val_accuracy"] for h in history if h.get("val_accuracy") is not None), default=None)
 
 
 def points(a: float | None, b: float | None) -> float | None:

@@ -133,6 +133,11 @@ class DataSpec(Strict):
     """Terms per document: 1, its words; 2, its words and then the word pairs (bigrams) among the words kept,
     each pair a vocabulary entry of its own (counted, ranked and cut by vocab_size and min_count with the
     words). A bag of terms: net.backbone embedding only, whose tf-idf or mean pooling ignores order."""
+    adapt: bool = False
+    """Text: choose the recipe's data-dependent settings from the training split (growpipe/text_recipe.py; the
+    same for every rule): a set whose median document has at most 32 words (short text) reads word pairs too
+    (data.ngrams 2) and trains without word dropout (net.word_dropout 0); a longer one keeps the configured
+    values. Printed with the data's summary; the result's data records it."""
     batch_size: int = Field(64, ge=1)
     """Samples per mini-batch (one packet through the pipeline, one optimizer step per block)."""
     limit_train: int | None = Field(None, ge=1)

@@ -86,6 +86,10 @@ class RunConfig(Strict):
         if self.data.ngrams > 1 and self.net.backbone != "embedding":
             raise ValueError(f"data.ngrams: word pairs make a bag of terms, which only net.backbone embedding reads "
                              f"(this net is {self.net.backbone}); set data.ngrams: 1")  # fmt: skip
+        if self.data.adapt and self.net.backbone != "embedding":
+            raise ValueError(f"data.adapt: it chooses word pairs and word dropout for a bag of terms, which only "
+                             f"net.backbone embedding reads (this net is {self.net.backbone}); set data.adapt: "
+                             f"false")  # fmt: skip
         if self.net.word_dropout and self.net.backbone != "embedding":
             raise ValueError(f"net.word_dropout: supported for the embedding backbone's bag only (an LSTM's packed "
                              f"lengths would cut at a dropped word; this net is {self.net.backbone}); set "

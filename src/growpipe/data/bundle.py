@@ -21,6 +21,7 @@ from growpipe.data.moments import standardise, stats_sample, tensor_stats, unsta
 from growpipe.data.text import Vocab
 from growpipe.errors import DataError
 from growpipe.nn.packet import Packet
+from growpipe.text_recipe import TextChoice
 
 
 @dataclass
@@ -95,6 +96,8 @@ class DataBundle:
     """Where the data came from (dataset name, directory or hub name), for the run's record."""
     normalize: dict[str, list[float]] | None = None
     """The per-channel (per-feature) mean and std the inputs were standardised with (None: as read)."""
+    text_choice: TextChoice | None = None
+    """Text with data.adapt: the recipe's choices from the training split (growpipe.text_recipe)."""
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -138,7 +141,8 @@ class DataBundle:
         groups = f", side groups {sorted(self.train.side)}" if self.train.side else ""
         vocab = f", vocab {len(self.vocab)}" if self.vocab else ""
         vocab += ", read from disk per batch" if self.train.streamed else ""
-        notes = "".join(f"; warning: {n}" for n in self.notes)
+        notes = f"; {self.text_choice.describe()}" if self.text_choice is not None else ""
+        notes += "".join(f"; warning: {n}" for n in self.notes)
         return (
             f"{self.name}: {self.kind}, train {len(self.train)}, "
             f"{f'val {len(self.val)}, ' if self.val is not None else ''}test {len(self.test)}, "

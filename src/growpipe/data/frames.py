@@ -14,8 +14,9 @@ from growpipe.data.bundle import DataBundle, Split
 from growpipe.data.checks import Origin, check_columns, column_array, dropped_columns_note
 from growpipe.data.labels import check_label_column, class_labels
 from growpipe.data.moments import unit_float
-from growpipe.data.text import Vocab, kept_length
+from growpipe.data.text import Vocab, kept_length, tokenize
 from growpipe.errors import DataError
+from growpipe.text_recipe import choose
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -40,12 +41,14 @@ def frames_to_bundle(name: str, train: pd.DataFrame, test: pd.DataFrame, spec: D
         _check_text(train[spec.text_column], spec.text_column, name)
         ttr, tte = (df[spec.text_column].astype(str).to_numpy(dtype=object) for df in (train, test))
         lengths: list[int] = []
-        vocab = Vocab.build(ttr, spec.vocab_size, spec.min_count, lengths, spec.ngrams)
+        choice = choose(float(np.median([len(tokenize(t)) for t in ttr])), spec.ngrams) if spec.adapt else None
+        ngrams = choice.ngrams if choice is not None else spec.ngrams
+        vocab = Vocab.build(ttr, spec.vocab_size, spec.min_count, lengths, ngrams)
         max_len = kept_length(lengths, spec.max_len, spec.max_len_percentile)
         _check_token_memory(len(ttr) + len(tte), vocab.width(max_len), max_len, spec)
         ids_tr, ids_te = vocab.encode(ttr.tolist(), max_len), vocab.encode(tte.tolist(), max_len)
         return DataBundle(name, "text", Split(ids_tr, ytr, text=ttr), Split(ids_te, yte, text=tte), len(class_names),
-                          class_names, vocab)  # fmt: skip
+                          class_names, vocab, text_choice=choice)  # fmt: skip
     others = [c for c in train.columns if c not in (label, "label_name")]
     vectors = [c for c in others if _is_vector_column(train[c])]
     feats = [c for c in others if c in vectors or pd.api.types.is_numeric_dtype(train[c])]

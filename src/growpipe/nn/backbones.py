@@ -481,8 +481,9 @@ def _block_encoder(net: NetSpec, info: InputInfo, i: int, shape, dtype) -> Encod
         pooling = "tfidf" if b == "embedding" and net.pooling == "tfidf" else "none"
         params = {"vocab": info.vocab_size, "dim": net.embed_dim, "positions": positions, "dropout": drop,
                   "pooling": pooling, "init_std": net.embed_init_std, "freeze": net.freeze_embeddings}  # fmt: skip
-        if net.word_dropout:  # only when set: specs saved before it existed stay as they were
-            params["word_dropout"] = net.word_dropout
+        word_dropout = net.word_dropout if info.word_dropout is None else info.word_dropout  # data.adapt's choice
+        if word_dropout:  # only when set: specs saved before it existed stay as they were
+            params["word_dropout"] = word_dropout
         return EncoderSpec("embedding", shape, dtype, params)
     if b == "lstm":
         params = {"hidden": w, "layers": net.block_layers(i), "dropout": drop, "pooling": net.lstm_pooling,

@@ -25,6 +25,8 @@ class InputInfo:
     normalize: dict[str, list[float]] | None = field(default=None, compare=False)
     """Mean and std the data standardised the inputs with (per channel or feature); the served model and
     evaluate apply the same."""
+    word_dropout: float | None = None
+    """Text with data.adapt: the word dropout the data asks of block 0 (None: net.word_dropout)."""
 
     @classmethod
     def from_bundle(cls, bundle: Any, net: Any = None) -> InputInfo:
@@ -47,6 +49,7 @@ class InputInfo:
             idf=bundle.vocab.idf() if bundle.vocab else None,
             normalize=getattr(bundle, "normalize", None),
             word_vectors=vectors,
+            word_dropout=choice.word_dropout if (choice := getattr(bundle, "text_choice", None)) else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -57,6 +60,7 @@ class InputInfo:
             "vocab_size": self.vocab_size,
             "side": {k: [list(s), d] for k, (s, d) in self.side.items()},
             "normalize": self.normalize,
+            **({"word_dropout": self.word_dropout} if self.word_dropout is not None else {}),
         }
 
     @classmethod
@@ -68,6 +72,7 @@ class InputInfo:
             vocab_size=d.get("vocab_size", 0),
             side={k: (tuple(s), dt) for k, (s, dt) in d.get("side", {}).items()},
             normalize=d.get("normalize"),
+            word_dropout=d.get("word_dropout"),
         )
 
 
