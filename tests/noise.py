@@ -40,6 +40,11 @@ KNOWN = (
     "Downloading artifacts",
     "Successfully registered model",
     "Created version '",
+    # Serve's health checks when the machine is loaded (the follower waits for its replica either way)
+    "Proxy actor readiness check for proxy on",
+    "Proxy actor reported not ready on node",
+    "replicas that have taken more than 30s to initialize",
+    "Failed to get queue length from Replica",
 )
 
 
