@@ -5,7 +5,8 @@ A line counts when, after ANSI colours and Ray's worker prefix (`(Controller pid
 library's log record (Python logging's formats as MLflow, Ray, Ray Serve, alembic and plain `logging` print
 them, at INFO, WARNING or DEBUG), a Python warning, a torch C++ log line (`[W ...]`), a line from one of Ray's
 own processes (`(raylet)`, `(gcs_server)`, ...), a download bar, or one of the known bookkeeping messages.
-growpipe's own lines (`warn   ...`, tables, `epoch ...`) never count.
+growpipe's own lines (`warn   ...`, tables, `epoch ...`) never count, nor do Serve's health-check warnings on a
+loaded machine (EXCUSED).
 """
 
 from __future__ import annotations
@@ -40,7 +41,10 @@ KNOWN = (
     "Downloading artifacts",
     "Successfully registered model",
     "Created version '",
-    # Serve's health checks when the machine is loaded (the follower waits for its replica either way)
+)
+EXCUSED = (
+    # Serve's health checks on a loaded machine: a real delay it reports, not bookkeeping (the follower waits
+    # for its replica either way)
     "Proxy actor readiness check for proxy on",
     "Proxy actor reported not ready on node",
     "replicas that have taken more than 30s to initialize",
@@ -62,6 +66,8 @@ def library_noise(output: str) -> list[str]:
 def is_library_line(line: str) -> bool:
     """Whether one output line (ANSI colours removed) is a library's log line (see the module docstring)."""
     text = line.strip()
+    if any(e in text for e in EXCUSED):
+        return False
     if m := RAY_PREFIX.match(text):
         if m.group("who") in RAY_PROCESSES:
             return True

@@ -30,7 +30,6 @@ def _base(name: str, schedule: str) -> dict:
 
 
 @pytest.mark.usefixtures("ray_session")
-@pytest.mark.timeout(600)  # DDP: three Ray Train trainers, a lost worker and a resume; 217-300+ s in a loaded suite
 @pytest.mark.parametrize("schedule", ["1f1b", "ddp"])
 def test_bp_engine_grows_recovers_and_resumes_to_the_same_weights(tmp_path: Path, monkeypatch, schedule: str):
     name = f"bp-{schedule}"

@@ -31,10 +31,6 @@ from tests.doc_blocks import block, commands
 from tests.docs_run import Background, checkout_view, environment, sh, unique, wait_until
 from tests.noise import library_noise
 
-pytestmark = pytest.mark.timeout(600)
-"""Each test runs whole `ray job submit` jobs on the module's head: 160 s alone here for the submit block, over 300
-under a loaded suite (one CI run timed out at 300)."""
-
 JOBS_SET = "train.epochs=2; data.limit_train=256; data.limit_test=128"
 """GROWPIPE_SET of every job here: TINY's rows, 2 epochs (the documented sweep's ASHA grace period is 2)."""
 SWEEP_SET = "num_samples=1"

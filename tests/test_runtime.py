@@ -10,6 +10,7 @@ from growpipe.local import train_local
 from growpipe.runtime.names import controller_name, run_of, stage_actor_name
 from growpipe.runtime.pipeline import Pipeline
 from tests.conftest import assert_same_weights, deep_merge, run_actors, tiny_config
+from tests.docs_run import wait_until
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -119,7 +120,11 @@ def test_stages_go_into_the_bundles_they_are_given_and_growth_takes_the_next():
             result = p.train(progress=None)
         used = [(s["placement_group"], s["bundle"]) for s in result["placement"]]
         assert used == [(pg.id.hex(), b) for b in (1, 2, 3)]
-        assert ray.available_resources().get("CPU", 0) == free  # nothing placed outside the reservation
+        # nothing placed outside the reservation: Ray's resource view returns the ended stages' bundles a little
+        # after they exit (a loaded CI run read 0.99 CPU of 4 right after the run), so poll it
+        wait_until(
+            "the CPUs outside the reservation free again", lambda: ray.available_resources().get("CPU", 0) == free, 60
+        )
     finally:
         remove_placement_group(pg)
 

@@ -6,6 +6,8 @@ for each."""
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,9 +72,14 @@ def growth_points(run: str, event: dict[str, Any]) -> list[Point]:
     return [("growpipe_growth_events", {"run": run, "kind": event["kind"], "source": event["source"]}, 1.0)]
 
 
+REFRESH_S = 1.0
+"""How often the controller sets its gauges again: Ray's metrics agent drops a gauge series that no one set for
+two report intervals (Ray floors the interval at 1 s; 10 s by default), and an epoch may take much longer."""
+
+
 class RayMetrics(RunCallback):
     """Records the points above in the controller's process; Ray exports them (every few seconds, Ray's
-    metrics_report_interval_ms)."""
+    metrics_report_interval_ms). Gauges keep their newest values for as long as the controller lives."""
 
     def __init__(self, run: str):
         from ray.util.metrics import Counter, Gauge  # lazy: ray; growpipe.prepare imports this module for local runs
@@ -81,6 +88,8 @@ class RayMetrics(RunCallback):
         self.gauges = {m.name: Gauge(m.name, m.help, m.tags) for m in METRICS if m.kind == "gauge"}
         self.counters = {m.name: Counter(m.name, m.help, m.tags) for m in METRICS if m.kind == "counter"}
         self.latest: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        self._lock = threading.Lock()
+        self._refresher: threading.Thread | None = None
 
     def after_epoch_stages(self, epoch: int, stages: list[dict[str, Any]]) -> None:
         self._record(stage_points(self.run, stages))
@@ -92,12 +101,25 @@ class RayMetrics(RunCallback):
         self._record(growth_points(self.run, event))
 
     def _record(self, points: list[Point]) -> None:
-        for name, tags, value in points:
-            if name in self.gauges:
-                self.latest[(name, tuple(sorted(tags.items())))] = value
-            else:
-                self.counters[name].inc(value, tags=tags)
-        # every gauge is set again with the newest values: Ray's exporter may leave out a series no one set
-        # since its last report, and a stage that stopped training (frozen below a prefix cache) sets none
-        for (name, tag_items), value in self.latest.items():
-            self.gauges[name].set(value, tags=dict(tag_items))
+        with self._lock:
+            for name, tags, value in points:
+                if name in self.gauges:
+                    self.latest[(name, tuple(sorted(tags.items())))] = value
+                else:
+                    self.counters[name].inc(value, tags=tags)
+        self._set_gauges()
+        if self._refresher is None and self.latest:
+            # a daemon thread: it ends with the controller's process, and the series some seconds after it
+            self._refresher = threading.Thread(target=self._refresh, name="growpipe-metrics", daemon=True)
+            self._refresher.start()
+
+    def _set_gauges(self) -> None:
+        """Every gauge set again with its newest value (a stage frozen below a prefix cache sets none itself)."""
+        with self._lock:
+            for (name, tag_items), value in self.latest.items():
+                self.gauges[name].set(value, tags=dict(tag_items))
+
+    def _refresh(self) -> None:
+        while True:
+            time.sleep(REFRESH_S)
+            self._set_gauges()
