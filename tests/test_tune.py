@@ -17,6 +17,7 @@ from growpipe.errors import ConfigError
 from growpipe.tune.predictions import compute_exits, load_exits
 from growpipe.tune.spec import Domain, load_sweep
 from growpipe.tune.sweep import run_sweep
+from tests.docs_run import wait_until
 from tests.noise import library_noise
 
 REPO = Path(__file__).resolve().parents[1]
@@ -192,7 +193,6 @@ def test_an_interrupted_optuna_sweep_resumes_without_training_any_trial_twice(tm
     import signal
     import subprocess
     import sys
-    import time
 
     fast = {"train.epochs": 2, "tracking.log_model": False, "tracking.system_metrics": False}
     path = _sweep_file(tmp_path, name="resumable", search="optuna", seed=3, num_samples=2, set=fast,
@@ -204,10 +204,13 @@ def test_an_interrupted_optuna_sweep_resumes_without_training_any_trial_twice(tm
     address = ray.get_runtime_context().gcs_address  # the session's Ray: no second one to start
     cmd = [sys.executable, "-m", "growpipe.cli", "sweep", str(path), "--address", address]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 600  # a guard against a sweep that never checkpoints, not a timing expectation
-    while len(list(out.glob("trials/*/checkpoint_000000"))) < 2:  # one trial done, the second one running
-        assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
-        time.sleep(0.2)
+
+    def one_done_and_the_second_running() -> bool:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        return len(list(out.glob("trials/*/checkpoint_000000"))) >= 2
+
+    # 600 s: a guard against a sweep that never checkpoints, not a timing expectation
+    wait_until("the sweep's second trial's first checkpoint", one_done_and_the_second_running, timeout=600)
     proc.send_signal(signal.SIGTERM)
     printed, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err[-3000:]
