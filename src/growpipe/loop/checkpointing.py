@@ -107,7 +107,9 @@ class Checkpointer:
 
     def settle(self) -> float:
         """Wait for the write under way (if any) to be complete; raise what it failed with. The seconds waited
-        (counted in the newest epoch's row)."""
+        (counted in the newest epoch's row); nothing under way counts nothing."""
+        if self.pending is None:
+            return 0.0
         t0 = time.perf_counter()
         self._settle()
         return self._waited(time.perf_counter() - t0)
