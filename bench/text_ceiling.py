@@ -8,9 +8,10 @@ classifier on it, trained with Adam and with SGD, on the same rows.
 The net's input is the run's own: configs/text.yaml's vocabulary, lengths and validation hold-out, read by
 growpipe's loader. The linear model is scikit-learn's logistic regression on the bag's TF-IDF weights (sublinear
 term frequency times the run's IDF, L2-normalised), so it sees what block 1 sees. The bag is growpipe's own
-encoder (net.pooling tfidf, net.dropout, net.word_dropout) with a linear classifier, trained end to end for
---epochs with batch data.batch_size; per optimizer and seed it reports the last epoch's test accuracy and the
-best epoch's (picked on the test set: a ceiling, not a result). Prints a Markdown table and writes JSON.
+encoder (net.pooling tfidf, net.dropout, net.word_dropout or data.adapt's choice) with a linear classifier,
+trained end to end for --epochs with batch data.batch_size; per optimizer and seed it reports the last epoch's
+test accuracy and the best epoch's (picked on the test set: a ceiling, not a result). Prints a Markdown table and
+writes JSON.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from growpipe.data import load_data  # noqa: E402
 from growpipe.errors import GrowpipeError  # noqa: E402
 from growpipe.fsutil import atomic_write_json  # noqa: E402
 from growpipe.nn.backbones import EmbeddingEncoder, tfidf_weights  # noqa: E402
+from growpipe.text_recipe import word_dropout_of  # noqa: E402
 
 OPTIMIZERS = {"adam": 1e-3, "sgd": 0.05}  # the recipe's Adam; SGD (momentum 0.9) at the rate that suited it
 C_VALUES = (1.0, 10.0, 100.0)
@@ -63,7 +65,7 @@ def train_bag(bundle: Any, cfg: Any, optimizer: str, seed: int, epochs: int) -> 
     torch.manual_seed(seed)
     vocab = len(bundle.vocab)
     bag = EmbeddingEncoder(vocab, cfg.net.embed_dim, 0, cfg.net.dropout, pooling="tfidf",
-                           word_dropout=cfg.net.word_dropout)  # fmt: skip
+                           word_dropout=word_dropout_of(bundle.text_choice, cfg.net.word_dropout))  # fmt: skip
     bag.idf.copy_(bundle.vocab.idf()[:vocab])
     model = nn.ModuleDict({"bag": bag, "cls": nn.Linear(cfg.net.embed_dim, bundle.num_classes)})
     lr = OPTIMIZERS[optimizer]
@@ -148,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = {
             "config": str(args.config),
             "overrides": overrides,
-            "word_dropout": cfg.net.word_dropout,
+            "word_dropout": word_dropout_of(bundle.text_choice, cfg.net.word_dropout),
+            "ngrams": bundle.text_choice.ngrams if bundle.text_choice else cfg.data.ngrams,
             "dropout": cfg.net.dropout,
             "embed_dim": cfg.net.embed_dim,
             "batch_size": cfg.data.batch_size,

@@ -341,7 +341,9 @@ def test_text_ceiling_quick_fits_the_linear_model_and_both_optimizers_on_the_bag
                                 "--set", "data.batch_size=8", "--json-out", str(out)])  # fmt: skip
     result = json.loads(out.read_text())
     rows = result["rows"]
-    assert result["settings"]["word_dropout"] == 0.5 and result["settings"]["embed_dim"] == 8  # text.yaml's, and --set
+    settings = result["settings"]
+    assert (settings["word_dropout"], settings["ngrams"]) == (0.0, 2)  # data.adapt's choice: 15-word documents
+    assert settings["embed_dim"] == 8  # --set
     assert [r.get("optimizer") for r in rows] == [None, None, None, "adam", "sgd"]
     assert all(0 <= r["test_accuracy"] <= 1 for r in rows)
     for r in rows[3:]:

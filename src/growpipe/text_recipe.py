@@ -34,3 +34,8 @@ def choose(median_words: float, ngrams: int) -> TextChoice:
     if median_words <= SHORT_TEXT_WORDS:
         return TextChoice(median_words, 2, 0.0)
     return TextChoice(median_words, ngrams, None)
+
+
+def word_dropout_of(choice: TextChoice | None, configured: float) -> float:
+    """The word dropout block 0 trains with: data.adapt's `choice` where it made one, else `configured`."""
+    return configured if choice is None or choice.word_dropout is None else choice.word_dropout
