@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from growpipe.checkpoint import CheckpointStore
 from growpipe.config import GrowStep
 from growpipe.errors import CheckpointError, NonFiniteError
+from growpipe.loop import checkpointing
 from growpipe.loop.callbacks import RunCallback
 from growpipe.loop.checkpointing import Checkpointer
 from growpipe.loop.engine import WorkerLost
@@ -134,11 +136,16 @@ def _checkpointer(tmp_path: Path | None, **cfg: Any) -> tuple[Checkpointer, RunR
     return ck, rec, heard, engine
 
 
-def test_the_checkpointer_writes_numbered_restore_points_and_keeps_the_best_from_pruning(tmp_path: Path):
-    off, off_rec, _, _ = _checkpointer(None)
-    off_rec.history.append({"epoch": 1, "checkpoint_seconds": 0.0})
+def test_the_checkpointer_counts_no_time_when_no_write_is_under_way(monkeypatch: pytest.MonkeyPatch):
+    clock = iter(range(0, 1000, 7))  # a slow machine: every read of the clock a whole 7 s later than the last
+    monkeypatch.setattr(checkpointing, "time", SimpleNamespace(perf_counter=lambda: float(next(clock))))
+    off, rec, _, _ = _checkpointer(None)
+    rec.history.append({"epoch": 1, "checkpoint_seconds": 0.0})
     assert off.write(1, 0) is None and not off.timing.enabled
-    assert off.settle() == 0.0 and off_rec.history[-1]["checkpoint_seconds"] == 0.0  # nothing waited: nothing counted
+    assert off.settle() == 0.0 and rec.history[-1]["checkpoint_seconds"] == 0.0
+
+
+def test_the_checkpointer_writes_numbered_restore_points_and_keeps_the_best_from_pruning(tmp_path: Path):
     ck, rec, heard, _ = _checkpointer(tmp_path)
     store = ck.store
     assert store is not None
