@@ -4,9 +4,10 @@ batches four ways, compared as samples/s ratios:
   (a) growpipe's reference trainer, sequential, 1 torch thread            (local rule: SCPL)
   (b) BP on the same layers, one process, K torch threads
   (c) the growpipe Ray pipeline, K stage actors x 1 CPU                   (local rule: SCPL)
+  (c') the same with pipeline.transport compiled (a Ray Compiled Graph over the stages)
   (d) torch.distributed.pipelining GPipe, K processes on gloo (BP, same blocks, 4 micro-batches)
 
-plus the per-hop overhead of (c) and its stage utilisation. One measurement of an arm is the median samples/s
+plus the per-hop overhead of (c) and (c') and their stage utilisation. One measurement of an arm is the median samples/s
 over its epochs after the first (warm-up). The block width is calibrated once per target so one block step
 takes the target time on this machine. The arms then run --repeats times, interleaved: each repeat runs every
 arm once, starting one arm later than the repeat before (a b c d, then b c d a, ...), and gives every ratio
@@ -128,10 +129,10 @@ def run_bp_threads(cfg: RunConfig) -> float:
     return rate
 
 
-def run_ray(cfg: RunConfig, packets_per_call: int) -> dict[str, Any]:
+def run_ray(cfg: RunConfig, packets_per_call: int, transport: str = "object_store") -> dict[str, Any]:
     from growpipe.runtime.pipeline import Pipeline
 
-    pipeline = cfg.pipeline.model_copy(update={"packets_per_call": packets_per_call})
+    pipeline = cfg.pipeline.model_copy(update={"packets_per_call": packets_per_call, "transport": transport})
     with Pipeline(cfg.model_copy(update={"pipeline": pipeline})) as p:
         result = p.train(progress=None)
     return {
@@ -157,14 +158,16 @@ def run_torch_gpipe(cfg: RunConfig) -> float:
 RATIOS = (("speedup_vs_sequential", "sequential", "c/a"), ("ratio_vs_bp_threads", "bp_threads", "c/b"),
           ("ratio_vs_torch_gpipe", "torch_gpipe", "c/d"))  # fmt: skip
 """Each ratio of the report: (c)'s samples/s over the named arm's, in the same repeat."""
+COMPILED_KEYS = ("hop_overhead_ms", "compiled_vs_sequential", "compiled_vs_object_store", "hop_overhead_ms_compiled")
+"""(c)'s hop overhead, then (c')'s figures: its speedup over (a), its rate over (c)'s, its hop overhead."""
 HEADLINE = ("speedup_vs_sequential", "ratio_vs_bp_threads", "ratio_vs_torch_gpipe", "hop_overhead_ms",
-            "stage_utilisation", "spread")  # fmt: skip
+            "stage_utilisation", "compiled", "spread")  # fmt: skip
 """The first case's keys the JSON repeats at its top level."""
 
 
 def arms(groups: tuple[int, ...]) -> list[str]:
-    """The arms a repeat runs: (a), (b), (c) once per packets_per_call value, (d)."""
-    return ["sequential", "bp_threads", *(f"growpipe_ray_{g}" for g in groups), "torch_gpipe"]
+    """The arms a repeat runs: (a), (b), (c) once per packets_per_call value, (c'), (d)."""
+    return ["sequential", "bp_threads", *(f"growpipe_ray_{g}" for g in groups), "growpipe_compiled", "torch_gpipe"]
 
 
 def arm_label(arm: str) -> str:
@@ -174,6 +177,7 @@ def arm_label(arm: str) -> str:
         return f"(c) growpipe Ray pipeline, {K} stages, {group} packet(s) per call"
     return {"sequential": "(a) sequential reference, 1 thread", "bp_threads": f"(b) BP, one process, {K} threads",
             "growpipe_ray": "(c) growpipe Ray pipeline (the ratios' packets per call)",
+            "growpipe_compiled": f"(c') growpipe Ray pipeline, {K} stages, pipeline.transport compiled",
             "torch_gpipe": f"(d) torch GPipe, {K} procs, gloo"}[arm]  # fmt: skip
 
 
@@ -184,6 +188,10 @@ def run_arm(arm: str, cfg: RunConfig) -> dict[str, Any]:
         fig = run_ray(cfg, group)
         return {arm: fig["samples_per_second"], f"hop_overhead_ms_{group}": fig["hop_overhead_ms"],
                 f"stage_utilisation_{group}": fig["stage_utilisation"]}  # fmt: skip
+    if arm == "growpipe_compiled":
+        fig = run_ray(cfg, 1, "compiled")
+        return {arm: fig["samples_per_second"], "hop_overhead_ms_compiled": fig["hop_overhead_ms"],
+                "stage_utilisation_compiled": fig["stage_utilisation"]}  # fmt: skip
     run = {"sequential": run_sequential, "bp_threads": run_bp_threads, "torch_gpipe": run_torch_gpipe}[arm]
     return {arm: run(cfg)}
 
@@ -193,7 +201,9 @@ def with_ratios(run: dict[str, Any], group: int) -> dict[str, Any]:
     pipe = run[f"growpipe_ray_{group}"]
     out = {**run, "growpipe_ray": pipe, "hop_overhead_ms": run[f"hop_overhead_ms_{group}"],
            "stage_utilisation": run[f"stage_utilisation_{group}"]}  # fmt: skip
-    return out | {ratio: pipe / run[arm] for ratio, arm, _ in RATIOS}
+    compiled = {"compiled_vs_sequential": run["growpipe_compiled"] / run["sequential"],
+                "compiled_vs_object_store": run["growpipe_compiled"] / pipe}  # fmt: skip
+    return out | {ratio: pipe / run[arm] for ratio, arm, _ in RATIOS} | compiled
 
 
 def measure(
@@ -216,14 +226,15 @@ def measure(
         print(f"   repeat {r + 1}/{repeats}: {rates} samples/s", flush=True)
     best = max(groups, key=lambda g: statistics.median(run[f"growpipe_ray_{g}"] for run in runs))
     runs = [with_ratios(run, best) for run in runs]
-    keys = [*names, "growpipe_ray", *(ratio for ratio, _, _ in RATIOS), "hop_overhead_ms"]
+    keys = [*names, "growpipe_ray", *(ratio for ratio, _, _ in RATIOS), *COMPILED_KEYS]
     summary = summarize(runs, keys)
     med = {k: s["median"] for k, s in summary.items() if s is not None}
     utilisation = [statistics.median(u) for u in zip(*(run["stage_utilisation"] for run in runs), strict=True)]
     act_kb = batch_size * widths[0] * 4 / 1024
     rows = [(arm, arm_label(arm) + ", samples/s", 0) for arm in names]
     rows += [(ratio, f"{ratio} ({short})", 2) for ratio, _, short in RATIOS]
-    rows.append(("hop_overhead_ms", "hop_overhead_ms", 2))
+    shorts = ("c", "c'/a", "c'/c", "c'")
+    rows += [(key, f"{key} ({short})", 2) for key, short in zip(COMPILED_KEYS, shorts, strict=True)]
     print(spread_table(summary, rows), flush=True)
     print(f"   (c) in the ratios: {best} packet(s) per call; utilisation {[round(u, 2) for u in utilisation]}, "
           f"activation {act_kb:.0f} KB", flush=True)  # fmt: skip
@@ -239,6 +250,7 @@ def measure(
         **{ratio: med[ratio] for ratio, _, _ in RATIOS},
         "hop_overhead_ms": med["hop_overhead_ms"],
         "stage_utilisation": utilisation,
+        "compiled": {"samples_per_second": med["growpipe_compiled"], **{k: med[k] for k in COMPILED_KEYS[1:]}},
         "spread": summary,
         "runs": runs,
     }

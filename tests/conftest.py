@@ -140,6 +140,20 @@ def mlflow_db(tmp_path: Path, _mlflow_template: Path) -> str:
     return f"sqlite:///{tmp_path / 'mlflow.db'}"
 
 
+def pipeline_matches_reference(cfg: RunConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Train `cfg` on the reference trainer and on the Ray pipeline; assert the same weights (atol 1e-6) and
+    return (the pipeline's result, the reference's summary)."""
+    from growpipe.local import train_local
+    from growpipe.runtime.pipeline import Pipeline
+
+    reference = train_local(cfg, progress=None)
+    with Pipeline(cfg) as p:
+        result = p.train(progress=None)
+        net = p.final_net()
+    assert_same_weights(reference.net, net, atol=1e-6)
+    return result, reference.summary()
+
+
 def assert_same_weights(net_a, net_b, atol: float = 0.0) -> None:
     """Every block of two nets: the same step count, weights and optimizer state (within `atol`)."""
     for a, b in zip(net_a.state_dict()["blocks"], net_b.state_dict()["blocks"], strict=True):

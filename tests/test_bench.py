@@ -78,18 +78,20 @@ def test_pipeline_benchmark_quick_writes_every_key_with_medians_and_spreads(tmp_
                             "--json-out", str(out)])  # fmt: skip
     r = json.loads(out.read_text())
     for key in ("speedup_vs_sequential", "ratio_vs_bp_threads", "ratio_vs_torch_gpipe", "hop_overhead_ms",
-                "stage_utilisation", "spread", "settings"):  # fmt: skip
+                "stage_utilisation", "compiled", "spread", "settings"):  # fmt: skip
         assert key in r
     assert len(r["stage_utilisation"]) == 2 and r["settings"]["stages"] == 2 and r["settings"]["repeats"] == 2
     (case,) = r["cases"]
     assert all(v > 0 for v in case["samples_per_second"].values()) and case["target_step_ms"] == 3
-    arms = ["sequential", "bp_threads", "growpipe_ray_1", "torch_gpipe"]
+    arms = ["sequential", "bp_threads", "growpipe_ray_1", "growpipe_compiled", "torch_gpipe"]
     assert [run["order"] for run in case["runs"]] == [arms, arms[1:] + arms[:1]]  # interleaved, rotated
     _check_spread(case["spread"], 2)
     assert set(case["spread"]) >= {*arms, "speedup_vs_sequential", "ratio_vs_bp_threads", "ratio_vs_torch_gpipe"}
     for run in case["runs"]:  # each repeat's ratios come from that repeat's own figures
         assert run["speedup_vs_sequential"] == run["growpipe_ray"] / run["sequential"]
         assert run["ratio_vs_torch_gpipe"] == run["growpipe_ray"] / run["torch_gpipe"]
+        assert run["compiled_vs_object_store"] == run["growpipe_compiled"] / run["growpipe_ray"]
+        assert run["hop_overhead_ms_compiled"] is not None
     ratios = sorted(run["ratio_vs_bp_threads"] for run in case["runs"])
     assert case["spread"]["ratio_vs_bp_threads"] == {"median": sum(ratios) / 2, "min": ratios[0], "max": ratios[1],
                                                      "n": 2}  # fmt: skip

@@ -62,13 +62,15 @@ def _kill_stage_during(p: Pipeline, stage: str, epoch: int, killed: list[str], g
 
 
 @pytest.mark.usefixtures("ray_session")
-def test_killed_stage_actor_is_replaced_and_the_run_ends_as_if_undisturbed(tmp_path: Path, monkeypatch):
+@pytest.mark.parametrize("transport", ["object_store", "compiled"])
+def test_killed_stage_actor_is_replaced_and_the_run_ends_as_if_undisturbed(tmp_path: Path, monkeypatch, transport):
+    """compiled: the kill closes the graph's channels; the recovery tears it down and compiles a new one."""
     gate = _hold(monkeypatch, tmp_path, 2)
     # undisturbed, the pipeline ends with the reference trainer's weights (tested elsewhere): the oracle
     calm = train_local(_cfg(tmp_path, "calm", checkpoint={"enabled": False}), progress=None).summary()
     lines: list[str] = []
     killed: list[str] = []
-    with Pipeline(_cfg(tmp_path, "disturbed")) as p:  # started: the controller exists
+    with Pipeline(_cfg(tmp_path, f"disturbed-{transport}", pipeline={"transport": transport})) as p:
         t = threading.Thread(target=_kill_stage_during, args=(p, "stage1", 2, killed, gate))
         t.start()
         result = p.train(progress=lines.append)
@@ -80,6 +82,8 @@ def test_killed_stage_actor_is_replaced_and_the_run_ends_as_if_undisturbed(tmp_p
     # rolled back to a whole-epoch checkpoint and replayed from there: the same weights as undisturbed
     assert result["test_accuracy"] == calm["test_accuracy"]
     assert result["exit_accuracy"] == calm["exit_accuracy"]
+    if transport == "compiled":
+        assert result["transport"]["graphs_compiled"] == 2  # the first, and the one over the new actor
 
 
 @pytest.mark.usefixtures("ray_session")

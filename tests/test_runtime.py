@@ -9,7 +9,7 @@ from growpipe.errors import InputError, PipelineError
 from growpipe.local import train_local
 from growpipe.runtime.names import controller_name, run_of, stage_actor_name
 from growpipe.runtime.pipeline import Pipeline
-from tests.conftest import assert_same_weights, deep_merge, run_actors, tiny_config
+from tests.conftest import assert_same_weights, deep_merge, pipeline_matches_reference, run_actors, tiny_config
 from tests.docs_run import wait_until
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -48,12 +48,7 @@ def test_pipeline_matches_reference_trainer(method, window, read, precision, gra
     cfg = _small(
         method, window, train=train, eval={"exit_threshold": 0.7}, **({"data": disk} if read == "disk" else {})
     )
-    reference = train_local(cfg, progress=None)
-    with Pipeline(cfg) as p:
-        result = p.train(progress=None)
-        net = p.final_net()
-    assert_same_weights(reference.net, net, atol=1e-6)
-    ref = reference.summary()
+    result, ref = pipeline_matches_reference(cfg)
     assert result["test_accuracy"] == pytest.approx(ref["test_accuracy"], abs=1e-6)
     assert result["exit_accuracy"] == pytest.approx(ref["exit_accuracy"], abs=1e-6)
     assert [r["accuracy"] for r in result["adaptive"]] == pytest.approx([r["accuracy"] for r in ref["adaptive"]])

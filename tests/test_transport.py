@@ -45,7 +45,9 @@ def test_a_transport_the_config_cannot_use_is_one_line(sections, needle):
     assert why.startswith("pipeline.transport: ")
 
 
-@pytest.mark.parametrize("sections", [{"pipeline": {"transport": t}} for t in ("object_store", "auto", "gloo")])
+@pytest.mark.parametrize(
+    "sections", [{"pipeline": {"transport": t}} for t in ("object_store", "auto", "compiled", "gloo")]
+)
 def test_usable_transports_pass(sections):
     assert transport_problem(tiny_config(**sections)) is None
 

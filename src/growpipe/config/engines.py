@@ -18,12 +18,14 @@ class PipelineSpec(Strict):
     packets_per_call: int = Field(1, ge=1, le=64)
     """Packets a stage hands to the next in one actor call: each call costs about 2 ms here, so grouping
     amortises it; a stage then starts a group only once the previous stage finished all of it."""
-    transport: Literal["object_store", "auto", "gloo", "nccl"] = "object_store"
+    transport: Literal["object_store", "auto", "compiled", "gloo", "nccl"] = "object_store"
     """How the stages hand their activations on: object_store (inside the actor call or through Ray's object
-    store, the default), or by Ray Direct Transport straight from actor to actor over a collective group: gloo
-    (tensors through host memory, tested on CPU), nccl (GPU to GPU, a whole GPU per stage, cupy on the GPU
-    nodes; not tested here); auto: nccl when every stage has a whole GPU, else object_store. On one machine
-    the default is faster (numpy through shared memory, bench/RESULTS.md). See docs/running.md."""
+    store, the default); compiled (training and evaluation run as a Ray Compiled Graph over the stages,
+    compiled again after each growth or recovery: the cheapest hand-off, but every waiting stage spins, so it
+    pays only with a core to spare per stage); or by Ray Direct Transport straight from actor to actor over a
+    collective group: gloo (tensors through host memory, tested on CPU), nccl (GPU to GPU, a whole GPU per
+    stage, cupy on the GPU nodes; not tested here); auto: nccl when every stage has a whole GPU, else
+    object_store. On one machine the default is faster (bench/RESULTS.md). See docs/running.md."""
 
     @model_validator(mode="after")
     def _group_fits_window(self) -> PipelineSpec:

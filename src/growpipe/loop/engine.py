@@ -44,6 +44,14 @@ class Pause:
     def requested(self) -> bool:
         return self._event.is_set()
 
+    def is_set(self) -> bool:
+        """`requested`, as a threading.Event says it (a fault hold waits on a Pause as on an Event)."""
+        return self._event.is_set()
+
+    def wait(self, timeout: float) -> bool:
+        """Block until the pause is set or `timeout` seconds pass; whether it is set."""
+        return self._event.wait(timeout)
+
     def set(self) -> None:
         """Ask the epoch to stop; the hooks registered by `forwarded` run now, in this thread (once)."""
         with self._lock:

@@ -17,12 +17,14 @@ from typing import Any, cast
 import ray
 from ray.util.placement_group import placement_group_table
 
+from growpipe import faults
 from growpipe.checkpoint import CheckpointStore
 from growpipe.errors import PipelineError
 from growpipe.loop.engine import EpochPart, Pause, Prepared
 from growpipe.loop.policies import pack_host
 from growpipe.loop.topology import Layout, TopologyView
 from growpipe.nn.specs import BlockSpec
+from growpipe.runtime.compiled import COMPILED, CompiledChain
 from growpipe.runtime.stage import Stage
 from growpipe.runtime.stage_engine import Slot, StageEngine, ray_error
 from growpipe.runtime.transport import TransportGroup, run_backend
@@ -40,6 +42,7 @@ class PipelineEngine(StageEngine):
         self.timeline: list[dict[str, Any]] = []
         self.transport: TransportGroup | None = None  # made once Ray runs (the backend depends on its GPUs)
         self._calls = 0  # run_epoch calls so far: a pause names the call it is for (Stage.request_pause)
+        self.chain: CompiledChain | None = None  # pipeline.transport compiled: the graph over the stages
 
     def build(self, specs: list[BlockSpec], layout: dict[str, Any] | None) -> str:
         hosts = (layout or {}).get("hosts") or [None] * len(specs)
@@ -70,9 +73,15 @@ class PipelineEngine(StageEngine):
 
     def _wire_transport(self) -> None:
         """pipeline.transport gloo / nccl: one collective group over the stage actors, made again whenever they
-        change (growth, recovery); nothing for object_store."""
+        change (growth, recovery); compiled: the graph is torn down, the next epoch compiles the new one;
+        nothing for object_store."""
         if self.transport is None:
-            self.transport = TransportGroup(run_backend(self.cfg), self.cfg.runtime.stage_timeout_s)
+            backend = run_backend(self.cfg)
+            self.transport = TransportGroup(backend, self.cfg.runtime.stage_timeout_s)
+            if backend == COMPILED:
+                self.chain = CompiledChain(self.cfg.pipeline.window, self.cfg.runtime.stage_timeout_s)
+        if self.chain is not None:
+            self.chain.drop()
         try:
             self.transport.wire([s.handle for s in self._own()])
         except ray.exceptions.RayError as e:
@@ -98,6 +107,8 @@ class PipelineEngine(StageEngine):
         record = epoch == self.cfg.runtime.timeline_epoch
         if record:
             self._get_all([s.handle.start_recording.remote() for s in self._own()], "starting the timeline")
+        if self.chain is not None:
+            return self._run_compiled(epoch, start_batch, stop_at, pause, record)
         source = self.slots[self.source].handle
         self._calls += 1
         call = self._calls
@@ -112,6 +123,49 @@ class PipelineEngine(StageEngine):
             for s in stats:
                 self.timeline.extend(s.events)
         return EpochPart(stats, first.samples, paused_at)
+
+    def _run_compiled(self, epoch: int, start_batch: int, stop_at: int | None, pause: Pause, record: bool) -> EpochPart:
+        """run_epoch through the compiled graph: this engine submits one job per batch (the pause is read
+        before each), then every stage hands back its statistics."""
+        assert self.chain is not None
+        actors = self._graph_actors()
+        self.chain.ensure(actors)
+        total = self._get(actors[0].cg_begin.remote(epoch, self._side_groups(), start_batch), "starting the epoch")
+        paused_at: int | None = None
+
+        def jobs() -> Any:
+            nonlocal paused_at
+            for b in range(start_batch, total):
+                faults.hold_before(epoch, b, pause)  # GROWPIPE_HOLD_AT
+                if pause.requested or (stop_at is not None and b >= stop_at):
+                    paused_at = b
+                    return
+                yield ("train", b)
+
+        self.chain.stream(jobs(), ray_error)
+        stats = self._get_all([a.flush.remote() for a in actors], "collecting the stages' statistics")
+        if record:
+            for s in stats:
+                self.timeline.extend(s.events)
+        return EpochPart(stats, stats[0].samples, paused_at)
+
+    def _graph_actors(self) -> list[Any]:
+        """The actors a compiled graph runs through: the source stage's and every own actor after it."""
+        return [s.handle for s in self.slots[self.source :] if s.host is None]
+
+    def _pass(self, split: str, threshold: float | None) -> tuple[list[dict[Any, Any]], float]:
+        """An evaluation pass; with pipeline.transport compiled through the graph over every stage, unless a
+        prefix cache streams the training (that graph starts at the cache's stage; evaluation starts at 0)."""
+        if self.chain is None or self.source:  # with a cache, one graph for both would compile twice an epoch
+            return super()._pass(split, threshold)
+        actors, side = self._actors(), self._side_groups()
+        batches = self._get(actors[0].eval_batches.remote(split), f"counting the {split} batches")
+        last = max(s.index for s in self.slots) + 1
+        self.chain.ensure(actors)
+        start = time.perf_counter()
+        self.chain.stream((("eval", split, b, side, threshold, last) for b in range(batches)), ray_error)
+        seconds = time.perf_counter() - start
+        return self._get_all([a.eval_results.remote() for a in actors], "collecting the exits"), seconds
 
     def position(self) -> tuple[int, int] | None:
         if not self.slots:
@@ -206,6 +260,8 @@ class PipelineEngine(StageEngine):
         home is gone); then build `specs` again."""
         old = self.slots[: len(specs)]
         self.drop_standby()
+        if self.chain is not None:
+            self.chain.drop()
         self._kill_all()
         for slot in self.slots[len(specs) :]:  # grown after the checkpoint: that growth is undone
             self._discard(slot)
@@ -258,6 +314,8 @@ class PipelineEngine(StageEngine):
 
     def extras(self) -> dict[str, Any]:
         out = {**super().extras(), "timeline": {"traceEvents": self.timeline, "displayTimeUnit": "ms"}}
+        if self.chain is not None:
+            out["transport"] = self.chain.describe()
         if self.transport is not None and self.transport.name is not None:
             calls = [s.handle.transport_received.remote() for s in self._own()]
             pushes = self._get_all(calls, "counting the direct pushes")
@@ -270,6 +328,8 @@ class PipelineEngine(StageEngine):
                 ray.get(self.slots[self.source].handle.drop_cache.remote(), timeout=10)
         if self.transport is not None:
             self.transport.forget()
+        if self.chain is not None:
+            self.chain.drop()
         super().stop()
 
 

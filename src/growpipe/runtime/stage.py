@@ -15,6 +15,7 @@ import math
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 import ray
@@ -62,6 +63,7 @@ class Stage(StageBase, DirectEndpoint):
         self._position = (0, 0)  # (batches done, batches in the epoch) of the running run_epoch
         self.cache: PrefixCache | None = None
         self._sending_cache = False  # what goes downstream now is a cache pass, not training
+        self._cg_batches: Iterator[Packet] | None = None  # pipeline.transport compiled: the epoch's batches
         faults.check_stage_values()  # a malformed fault variable fails the stage here, at its start
 
     # ---- control ------------------------------------------------------------------------------------
@@ -106,19 +108,12 @@ class Stage(StageBase, DirectEndpoint):
         this `call`: the engine's number of it) or `stop_at` was reached (None when the epoch ran to its end).
         Everything sent before has been taken downstream.
         """
-        bs, seed = self.cfg.data.batch_size, self.cfg.seed
-        if self.cache is not None:
-            batches = self.cache.packets(bs, seed, epoch, start_batch)
-        else:
-            batches = iterate_batches(self._data().train, bs, shuffle=True, seed=seed, epoch=epoch,
-                                      side_groups=side_groups, start_batch=start_batch, augment=True)  # fmt: skip
+        batches = self._epoch_batches(epoch, side_groups, start_batch)
         paused_at = None
         with self._pause_lock:
             self._call = call
             if self._pause_for != call:  # one asked for an earlier call (after it ended) is moot; this call's
                 self._pause.clear()  # may have come first: request_pause runs in its own concurrency group
-        n = self.cache.n if self.cache is not None else len(self.bundle.train)  # type: ignore[union-attr]
-        self._position = (start_batch, math.ceil(n / bs))
         while True:
             t0 = time.perf_counter()
             p = next(batches, None)
@@ -150,6 +145,63 @@ class Stage(StageBase, DirectEndpoint):
             if call >= self._call:
                 self._pause_for = call
                 self._pause.set()
+
+    def _epoch_batches(self, epoch: int, side_groups: tuple[str, ...], start_batch: int) -> Iterator[Packet]:
+        """The source stage's training batches of `epoch` from `start_batch` on (from the data, or the prefix
+        cache); sets the position to the epoch's start."""
+        bs, seed = self.cfg.data.batch_size, self.cfg.seed
+        n = self.cache.n if self.cache is not None else len(self._data().train)
+        self._position = (start_batch, math.ceil(n / bs))
+        if self.cache is not None:
+            return self.cache.packets(bs, seed, epoch, start_batch)
+        return iterate_batches(self._data().train, bs, shuffle=True, seed=seed, epoch=epoch, side_groups=side_groups,
+                               start_batch=start_batch, augment=True)  # fmt: skip
+
+    # ---- pipeline.transport compiled: the graph's methods (runtime/compiled.py) -------------------------
+    def cg_begin(self, epoch: int, side_groups: tuple[str, ...], start_batch: int = 0) -> int:
+        """The source stage: the next "train" jobs take this epoch's batches from `start_batch` on, in order;
+        the number of batches in the epoch."""
+        self._cg_batches = self._epoch_batches(epoch, side_groups, start_batch)
+        return self._position[1]
+
+    def cg_first(self, job: tuple[Any, ...], last: bool) -> Any:
+        """The source stage: the job's batch through this stage's blocks (see cg_next for what it returns)."""
+        if job[0] == "train":
+            p = next(self._cg_batches, None) if self._cg_batches is not None else None
+            if p is None or p.index != job[1]:
+                got = "nothing" if p is None else f"batch {p.index}"
+                raise StageError(f"stage {self.index}: a compiled job asked for batch {job[1]}, the epoch gives {got}")
+            out: Packet | None = self._train(p.to(self.device))
+            self._position = (p.index + 1, self._position[1])
+        else:
+            _, split, b, side_groups, threshold, depth = job
+            out = self.eval_source(split, b, side_groups, threshold, depth)
+        return self._cg_answer(job, out, last)
+
+    def cg_next(self, item: tuple[tuple[Any, ...], Packet | None, float], last: bool) -> Any:
+        """A later stage: the packet through this stage's blocks; (job, output, sent at) for the next stage,
+        or only the batch index when this stage is the graph's last."""
+        job, p, sent_at = item
+        if job[0] == "train":
+            assert p is not None, "a training step always hands on a packet"
+            start = time.time()
+            if self.last_end is not None:  # as in push: sent_at is in this actor's clock
+                self.stats.hops_ms.append((start - max(sent_at, self.last_end)) * 1000.0)
+                self.stats.wait_input_s += start - self.last_end
+            out: Packet | None = self._train(p.to(self.device))
+            self.last_end = time.time()
+        else:
+            out = self.eval_packet(p, job[4], job[5])
+        return self._cg_answer(job, out, last)
+
+    def _cg_answer(self, job: tuple[Any, ...], out: Packet | None, last: bool) -> Any:
+        """What a compiled step returns: the job, its output and when it was sent (in the next stage's clock),
+        or the batch index alone from the graph's last stage."""
+        if last:
+            return job[2 if job[0] == "eval" else 1]
+        if job[0] == "train" and out is not None:
+            self.stats.sent_bytes += out.nbytes
+        return job, out, time.time() + self.clock_offset
 
     def push(self, packets: list[Any], sent_at: float, cache_pass: bool = False, tensors: Any = None) -> None:
         """Called by the previous stage with its next packets; trains on each and passes the outputs on.
@@ -190,6 +242,14 @@ class Stage(StageBase, DirectEndpoint):
         self.recording = True
 
     def _process(self, p: Packet) -> None:
+        """Train on `p` and queue the output for the next stage (push transports)."""
+        out = self._train(p)
+        if self.downstream is not None:
+            self._queue(out)
+        self.last_end = time.time()
+
+    def _train(self, p: Packet) -> Packet:
+        """One training step of this stage's blocks on `p` (its own, then the packed ones); the output."""
         block = self._require_block()
         self.packets_seen += 1
         t0 = time.time()
@@ -217,9 +277,7 @@ class Stage(StageBase, DirectEndpoint):
         st.add_losses(metrics)
         if self.recording:
             st.events.append(_event("train_step", self.index, t0, t1, {"batch": p.index}))
-        if self.downstream is not None:
-            self._queue(out)
-        self.last_end = time.time()
+        return out
 
     def _send(self) -> None:
         """Hand the pending packets to the next stage in one call, first waiting for room in the window."""

@@ -35,8 +35,9 @@ its tensors are in the RDT object."""
 
 # ---- the decision (pure) --------------------------------------------------------------------------------
 def resolve(setting: str, method: str, device: str, gpus_per_stage: float) -> str:
-    """The backend the stages use: object_store, gloo or nccl. `auto` is nccl when every stage has a whole GPU
-    of its own (NCCL takes one rank per GPU), else object_store; method bp never uses a direct backend."""
+    """The backend the stages use: object_store, compiled (a Ray Compiled Graph, runtime/compiled.py), gloo or
+    nccl. `auto` is nccl when every stage has a whole GPU of its own (NCCL takes one rank per GPU), else
+    object_store; method bp never uses another backend."""
     if method == "bp" or setting == OBJECT_STORE:
         return OBJECT_STORE
     if setting == "auto":
