@@ -82,7 +82,7 @@ class CompiledChain:
             nonlocal failure
             try:
                 ray.get(inflight.popleft(), timeout=self.timeout_s)
-            except ray.exceptions.GetTimeoutError:
+            except (ray.exceptions.GetTimeoutError, ray.exceptions.RayChannelTimeoutError):
                 raise StageError(f"a compiled pipeline step took more than runtime.stage_timeout_s="
                                  f"{self.timeout_s:g}s; raise it if steps are that slow") from None  # fmt: skip
             except ray.exceptions.RayChannelError as e:  # an actor of the graph died: no later read can succeed
