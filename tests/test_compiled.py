@@ -22,10 +22,11 @@ def test_compiled_is_the_local_rules_transport_only():
 
 @pytest.mark.usefixtures("ray_session")
 def test_compiled_pipeline_matches_the_reference_trainer_through_growth_and_early_exit():
-    """DASCPL, 2 blocks grown to 3: training and evaluation (every exit, and real early exit) go through the
-    graph; the growth compiles it again over 3 actors."""
-    cfg = _cfg("compiled-grow", "dascpl", train={"epochs": 2}, grow={"every_epochs": 1, "max_blocks": 3},
-               eval={"exit_threshold": 0.7})  # fmt: skip
+    """DASCPL, 2 blocks grown to 3 (no prefix cache: with one, evaluation takes the object-store path):
+    training and evaluation (every exit, and real early exit) go through the graph; the growth compiles it
+    again over 3 actors."""
+    grow = {"every_epochs": 1, "max_blocks": 3, "cache": {"enabled": False}}
+    cfg = _cfg("compiled-grow", "dascpl", train={"epochs": 2}, grow=grow, eval={"exit_threshold": 0.7})
     result, ref = pipeline_matches_reference(cfg)
     assert result["blocks"] == 3
     assert result["test_accuracy"] == pytest.approx(ref["test_accuracy"], abs=1e-6)
@@ -33,9 +34,10 @@ def test_compiled_pipeline_matches_the_reference_trainer_through_growth_and_earl
     early, ref_early = result["early_exit"], ref["early_exit"]
     assert (early["accuracy"], early["mean_depth"]) == pytest.approx((ref_early["accuracy"], ref_early["mean_depth"]))
     t = result["transport"]
-    assert t["backend"] == "compiled" and t["graphs_compiled"] == len(t["compile_s"]) >= 2
+    assert t["backend"] == "compiled" and t["graphs_compiled"] == len(t["compile_s"]) == 2
+    assert result["history"][0]["test_accuracy"] == pytest.approx(ref["history"][0]["test_accuracy"], abs=1e-6)
     assert result["hop_overhead_ms"] is not None  # the later stages time each hand-off, as on the push path
-    assert [s["samples"] for s in result["stages"]][:2] == [320, 320]  # epoch 2 trains block 2 from the cache
+    assert [s["samples"] for s in result["stages"]] == [640, 640, 320]  # blocks 0-1 both epochs, block 2 one
 
 
 @pytest.mark.usefixtures("ray_session")

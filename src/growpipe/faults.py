@@ -6,7 +6,7 @@ each a no-op when its variable is unset; a malformed value raises ValueError nam
 
 GROWPIPE_FAULT_AT="STAGE:STEP"
     That stage's block raises on its STEP-th packet (1-based), reported as the stage's StageError.
-    Acts in runtime/stage.py (Stage._process, via maybe_crash).
+    Acts in runtime/stage.py (Stage._train, via maybe_crash).
 GROWPIPE_DIE_AT="WORKER:STEP:PATH"
     DDP worker (rank) WORKER's process, or a BP engine's stage actor WORKER, exits at its STEP-th training
     step (1-based) unless the file PATH exists (it is created first: the worker dies once).
@@ -19,11 +19,12 @@ GROWPIPE_HOLD_AT="EPOCH:BATCH:PATH"
     grow request is ready) or the file PATH exists: a test that needs a request to land mid-epoch holds the
     epoch open this way instead of betting that placement beats the rest of the epoch. A hold creates
     PATH.held as it starts waiting (a test that must act while the run is held waits for it).
-    Acts in runtime/stage.py (Stage.run_epoch) and, on every DDP worker, runtime/ddp_worker.py (via hold_before).
+    Acts in runtime/stage.py (Stage.run_epoch), runtime/pipeline_engine.py (pipeline.transport compiled: the
+    engine submits the batches) and, on every DDP worker, runtime/ddp_worker.py (via hold_before).
 GROWPIPE_STEP_DELAY_MS="N"
     Every local-learning stage's train step sleeps N milliseconds more: for tests and demos of growing a
     running job (a tiny model's epochs are otherwise over before a new stage actor has started).
-    Acts in runtime/stage.py (Stage._process, via step_delay).
+    Acts in runtime/stage.py (Stage._train, via step_delay).
 GROWPIPE_STOP_SWEEP_AT="EPOCH:PATH"
     A sweep's process stops itself as Ctrl-C does (SIGINT, which Tune handles: it saves its state and ends the
     trials) the moment Tune has recorded a trial's report of epoch EPOCH, before Tune registers the checkpoint

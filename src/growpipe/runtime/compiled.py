@@ -8,8 +8,14 @@ through a shared-memory channel (across nodes, through Ray's own channels) inste
 
 A compiled graph cannot change once compiled, so growth, recovery, a prefix cache and the run's end tear it
 down (`CompiledChain.drop`) and the next epoch compiles the new one. Everything else (setup, freezing,
-checkpoints, statistics, the cache pass) stays an ordinary actor call: Ray answers those while the graph is
-idle, and the engine only makes them when every execution it started has been read.
+checkpoints, statistics, the cache pass) stays an ordinary actor call, which the engine makes when every
+execution it started has been read. Ray runs the graph on a thread of its own in each actor, so one call does
+run beside graph steps: building a grown block packed into a stage's actor (grow.on_no_capacity: pack) while
+the epoch trains.
+
+`pipeline.window` bounds the executions in flight in the whole graph (the object-store path bounds the packets
+in flight per hop). A stage's statistics count its steps, samples, losses, hops and bytes as on that path;
+`blocked_s` and `max_inflight` stay 0 (no stage waits on a call to the next).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ Job = tuple[Any, ...]
 
 def lost(e: BaseException) -> WorkerLost:
     """A closed channel: an actor of the graph died (Ray closes every channel of the graph then)."""
-    return WorkerLost(f"a stage actor of the compiled graph died ({str(e).splitlines()[0]})")
+    return WorkerLost(f"a stage actor died (the compiled graph's channel closed: {str(e).splitlines()[0]})")
 
 
 class CompiledChain:
@@ -46,8 +52,9 @@ class CompiledChain:
         self.actors: list[Any] = []
         self.compiles: list[float] = []  # seconds each compile took (the first, then one per topology change)
 
-    def ensure(self, actors: list[Any]) -> None:
-        """The graph over `actors` (source first), compiled now unless it is already that one."""
+    def ensure(self, actors: list[Any], on_error: Callable[[BaseException], BaseException]) -> None:
+        """The graph over `actors` (source first), compiled now unless it is already that one; `on_error`
+        turns a Ray error of the compile (an actor died between epochs) into the one to raise."""
         if self.dag is not None and self.actors == actors:
             return
         self.drop()
@@ -59,7 +66,10 @@ class CompiledChain:
             node = actors[0].cg_first.bind(job, last == 0)
             for i, actor in enumerate(actors[1:], 1):
                 node = actor.cg_next.bind(node, i == last)
-        self.dag = node.experimental_compile(_max_inflight_executions=self.window + 1)
+        try:
+            self.dag = node.experimental_compile(_max_inflight_executions=self.window + 1)
+        except ray.exceptions.RayError as e:
+            raise on_error(e) from None
         self.actors = list(actors)
         self.compiles.append(time.perf_counter() - t0)
 

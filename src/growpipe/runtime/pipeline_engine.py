@@ -129,7 +129,7 @@ class PipelineEngine(StageEngine):
         before each), then every stage hands back its statistics."""
         assert self.chain is not None
         actors = self._graph_actors()
-        self.chain.ensure(actors)
+        self.chain.ensure(actors, ray_error)
         total = self._get(actors[0].cg_begin.remote(epoch, self._side_groups(), start_batch), "starting the epoch")
         paused_at: int | None = None
 
@@ -161,7 +161,7 @@ class PipelineEngine(StageEngine):
         actors, side = self._actors(), self._side_groups()
         batches = self._get(actors[0].eval_batches.remote(split), f"counting the {split} batches")
         last = max(s.index for s in self.slots) + 1
-        self.chain.ensure(actors)
+        self.chain.ensure(actors, ray_error)
         start = time.perf_counter()
         self.chain.stream((("eval", split, b, side, threshold, last) for b in range(batches)), ray_error)
         seconds = time.perf_counter() - start
@@ -323,13 +323,13 @@ class PipelineEngine(StageEngine):
         return out
 
     def stop(self) -> None:
+        if self.chain is not None:  # first: nothing steps on the cache's memory once it is dropped
+            self.chain.drop()
         if self.source and self.source < len(self.slots):  # a spilled cache's files go with it
             with contextlib.suppress(Exception):
                 ray.get(self.slots[self.source].handle.drop_cache.remote(), timeout=10)
         if self.transport is not None:
             self.transport.forget()
-        if self.chain is not None:
-            self.chain.drop()
         super().stop()
 
 
