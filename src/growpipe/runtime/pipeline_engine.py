@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any, cast
 
 import ray
@@ -133,7 +134,7 @@ class PipelineEngine(StageEngine):
         total = self._get(actors[0].cg_begin.remote(epoch, self._side_groups(), start_batch), "starting the epoch")
         paused_at: int | None = None
 
-        def jobs() -> Any:
+        def jobs() -> Iterator[tuple[Any, ...]]:
             nonlocal paused_at
             for b in range(start_batch, total):
                 faults.hold_before(epoch, b, pause)  # GROWPIPE_HOLD_AT
@@ -153,19 +154,14 @@ class PipelineEngine(StageEngine):
         """The actors a compiled graph runs through: the source stage's and every own actor after it."""
         return [s.handle for s in self.slots[self.source :] if s.host is None]
 
-    def _pass(self, split: str, threshold: float | None) -> tuple[list[dict[Any, Any]], float]:
-        """An evaluation pass; with pipeline.transport compiled through the graph over every stage, unless a
-        prefix cache streams the training (that graph starts at the cache's stage; evaluation starts at 0)."""
-        if self.chain is None or self.source:  # with a cache, one graph for both would compile twice an epoch
-            return super()._pass(split, threshold)
-        actors, side = self._actors(), self._side_groups()
-        batches = self._get(actors[0].eval_batches.remote(split), f"counting the {split} batches")
-        last = max(s.index for s in self.slots) + 1
+    def _stream_eval(self, actors: list[Any], split: str, batches: int, side: tuple[str, ...],
+                     threshold: float | None, last: int) -> None:  # fmt: skip
+        """With pipeline.transport compiled: through the graph over every stage, unless a prefix cache streams
+        the training (that graph starts at the cache's stage; one graph for both would compile twice an epoch)."""
+        if self.chain is None or self.source:
+            return super()._stream_eval(actors, split, batches, side, threshold, last)
         self.chain.ensure(actors, ray_error)
-        start = time.perf_counter()
         self.chain.stream((("eval", split, b, side, threshold, last) for b in range(batches)), ray_error)
-        seconds = time.perf_counter() - start
-        return self._get_all([a.eval_results.remote() for a in actors], "collecting the exits"), seconds
 
     def position(self) -> tuple[int, int] | None:
         if not self.slots:

@@ -184,15 +184,20 @@ class Stage(StageBase, DirectEndpoint):
         job, p, sent_at = item
         if job[0] == "train":
             assert p is not None, "a training step always hands on a packet"
-            start = time.time()
-            if self.last_end is not None:  # as in push: sent_at is in this actor's clock
-                self.stats.hops_ms.append((start - max(sent_at, self.last_end)) * 1000.0)
-                self.stats.wait_input_s += start - self.last_end
+            self._arrived(sent_at)
             out: Packet | None = self._train(p.to(self.device))
             self.last_end = time.time()
         else:
             out = self.eval_packet(p, job[4], job[5])
         return self._cg_answer(job, out, last)
+
+    def _arrived(self, sent_at: float) -> None:
+        """A packet sent at `sent_at` starts now: its hop and the wait since the previous one (both in this
+        actor's clock: the sender stamped sent_at in it)."""
+        start = time.time()
+        if self.last_end is not None:
+            self.stats.hops_ms.append((start - max(sent_at, self.last_end)) * 1000.0)
+            self.stats.wait_input_s += start - self.last_end
 
     def _cg_answer(self, job: tuple[Any, ...], out: Packet | None, last: bool) -> Any:
         """What a compiled step returns: the job, its output and when it was sent (in the next stage's clock),
@@ -212,10 +217,7 @@ class Stage(StageBase, DirectEndpoint):
         if cache_pass:
             self._take_cache_packets(packets)
             return
-        start = time.time()
-        if self.last_end is not None:  # both in this actor's clock: the sender stamped sent_at in it
-            self.stats.hops_ms.append((start - max(sent_at, self.last_end)) * 1000.0)
-            self.stats.wait_input_s += start - self.last_end
+        self._arrived(sent_at)
         for p in packets:
             self._process(p.to(self.device))
 

@@ -276,8 +276,15 @@ class StageEngine:
         actors, side = self._actors(), self._side_groups()
         batches = self._get(actors[0].eval_batches.remote(split), f"counting the {split} batches")
         last = max(s.index for s in self.slots) + 1
-        window = 2 * len(actors)  # batches in flight: every stage busy, the object store bounded
         start = time.perf_counter()
+        self._stream_eval(actors, split, batches, side, threshold, last)
+        seconds = time.perf_counter() - start
+        return self._get_all([a.eval_results.remote() for a in actors], "collecting the exits"), seconds
+
+    def _stream_eval(self, actors: list[Any], split: str, batches: int, side: tuple[str, ...],
+                     threshold: float | None, last: int) -> None:  # fmt: skip
+        """Every evaluation batch through the stages by chained calls (an ObjectRef from actor to actor)."""
+        window = 2 * len(actors)  # batches in flight: every stage busy, the object store bounded
         inflight: list[Any] = []
         for b in range(batches):
             ref = actors[0].eval_source.remote(split, b, side, threshold, last)
@@ -287,8 +294,6 @@ class StageEngine:
             if len(inflight) >= window:
                 self._get(inflight.pop(0), f"evaluating on the {split} split")
         self._get_all(inflight, f"evaluating on the {split} split")
-        seconds = time.perf_counter() - start
-        return self._get_all([a.eval_results.remote() for a in actors], "collecting the exits"), seconds
 
     def _predictions(self, split: str) -> ExitPredictions:
         kept, _ = self._pass(split, ALL_EXITS)
