@@ -79,6 +79,24 @@ def test_quiet_libraries_keeps_mlflow_at_warning_unless_asked_and_drops_what_doe
     quiet_libraries()
 
 
+def test_serve_teardown_drops_a_long_poll_callback_that_finds_ray_shut_down_and_keeps_other_asyncio_errors(
+    monkeypatch,
+):
+    """`growpipe serve` stopping: an update the controller pushed as the application went, handled after Ray
+    shut down, is asyncio's "Exception in callback LongPollClient..." (a traceback, seen in a CI run)."""
+    from growpipe.quiet import drop_serve_teardown
+
+    for name in ("asyncio", "ray.serve"):  # the filters go with the test
+        logger = logging.getLogger(name)
+        monkeypatch.setattr(logger, "filters", list(logger.filters))
+    drop_serve_teardown()
+    asyncio_logger = logging.getLogger("asyncio")
+    late = "Exception in callback LongPollClient._process_update.<locals>.chained()"
+    other = "Exception in callback Task.__step()"
+    assert not asyncio_logger.filter(logging.LogRecord("asyncio", logging.ERROR, "", 0, late, (), None))
+    assert asyncio_logger.filter(logging.LogRecord("asyncio", logging.ERROR, "", 0, other, (), None))
+
+
 def test_a_process_being_ended_prints_no_systemexit_from_a_callback_and_every_other_ignored_exception(monkeypatch):
     """Ray's SIGTERM handler raises SystemExit where the main thread is; in a weakref callback Python would print
     it as an ignored exception. quiet_exit drops those and hands on every other one."""

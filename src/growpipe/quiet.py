@@ -81,8 +81,10 @@ def quiet_libraries() -> None:
 def drop_serve_teardown() -> None:
     """From here on, drop what Ray Serve says in this process: `growpipe serve` is stopping, and a handle's
     request still in flight failing as its replica goes ("temporarily unavailable"), or its callback finding
-    Ray shut down (a traceback), is the stop itself."""
+    Ray shut down (a traceback, from Serve's loggers or, for a long-poll update that lands after the shutdown,
+    asyncio's "Exception in callback LongPollClient..."), is the stop itself."""
     logging.getLogger("ray.serve").addFilter(lambda _record: False)
+    logging.getLogger("asyncio").addFilter(_DropNotNews(("LongPollClient.",)))
 
 
 RAY_JOB_ACTORS = ("JobSupervisor", "PlacementGroupCleaner")
