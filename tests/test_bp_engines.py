@@ -1,7 +1,7 @@
 """Method bp on 1F1B and on Ray Train DDP goes through the same run loop as GPipe: a planned growth (the earlier
-blocks frozen), a joint epoch (every block thawed: grow.joint), restore points, a resume from the one written at
-the growth, and (DDP) a worker process lost mid-epoch that Ray Train replaces from its own checkpoint; each run
-ends with the weights of an undisturbed one."""
+blocks frozen), a joint epoch (every block thawed: grow.joint), restore points (one written at the growth), a
+resume at the joint epoch's boundary, and (DDP) a worker process lost mid-epoch that Ray Train replaces from its
+own checkpoint; each run ends with the weights of an undisturbed one."""
 
 from __future__ import annotations
 
@@ -47,14 +47,17 @@ def test_bp_engine_grows_recovers_and_resumes_to_the_same_weights(tmp_path: Path
         assert Path(r["ray_train_storage"]).is_dir()  # Ray Train's own checkpoints, beside the run's
     else:  # the loop replaced the stage and went on from its newest checkpoint
         assert r["restarts"] == 1 and any(line.startswith("recover ") for line in lines), "\n".join(lines)
-    at_growth = next(c for c in CheckpointStore(str(tmp_path), name).complete() if c.seq == 2)
+    done = CheckpointStore(str(tmp_path), name).complete()
+    at_growth = next(c for c in done if c.seq == 2)
     assert (at_growth.epoch, at_growth.batch) == (1, 0)
+    # the resume starts at the joint phase's boundary: the grown net in a new trainer (DDP) or new stages (1F1B),
+    # every block thawed; the switch from the grown phase to the joint one is the first run's
+    before_joint = [c for c in done if (c.epoch, c.batch) == (2, 0)][-1]
     monkeypatch.delenv("GROWPIPE_DIE_AT", raising=False)
     lines.clear()
     resumed = train(tiny_config(**_base(name, schedule), checkpoint=ckpt), progress=lines.append, keep_net=True,
-                    resume=at_growth.path)  # fmt: skip
-    assert any(line.startswith(f"resume {at_growth.path}: epoch 1, batch 0, 3 blocks") for line in lines), lines
-    assert [h["epoch"] for h in resumed.result["history"]] == [1, 2, 3]
-    for i in (1, 2):  # the grown epoch, then the joint one
-        assert resumed.result["history"][i]["loss"] == pytest.approx(r["history"][i]["loss"], abs=1e-6)
+                    resume=before_joint.path)  # fmt: skip
+    assert any(line.startswith(f"resume {before_joint.path}: epoch 2, batch 0, 3 blocks") for line in lines), lines
+    assert [h["epoch"] for h in resumed.result["history"]] == [1, 2, 3] and resumed.result["joint"]["thawed"] == [0, 1]
+    assert resumed.result["history"][2]["loss"] == pytest.approx(r["history"][2]["loss"], abs=1e-6)
     assert_same_weights(grown.net, resumed.net, atol=1e-6)
